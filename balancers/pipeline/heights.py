@@ -90,15 +90,27 @@ def _runs(items: tuple, budget: float, m: int, p: int) -> tuple | None:
     heavy = int(np.searchsorted(negated, -level, side="left"))  # the items above h*
     caps = budget - (p - 1) * costs[:heavy]
     after = np.searchsorted(prefix[:heavy + 1], prefix[:heavy] + caps, side="right") - 1
-    after = np.maximum(after, np.arange(1, heavy + 1)).tolist()  # a run from item i ends before after[i]
-    firsts, item = [], 0
-    while item < heavy:
-        firsts.append(item)
-        item = after[item]
-    firsts = np.array(firsts, dtype=np.int64)
+    firsts = _run_firsts(np.maximum(after, np.arange(1, heavy + 1)))  # a run from item i ends before after[i]
     room = float(caps[firsts].sum()) - float(prefix[heavy])
     light = float(prefix[-1] - prefix[heavy])
     return firsts, firsts.size + max(light - room, 0.0) / (m * level), budget, heavy
+
+
+def _run_firsts(after: np.ndarray) -> np.ndarray:
+    """The items that start a run, 0, after[0], after[after[0]], ... below after.size (i < after[i] <= after.size:
+    each run ends before after of its first), by doubling: the first 2**k of them and the jump of 2**k runs from every
+    item give the next 2**k, so ~log2(runs) gathers, where the walk took one Python step a run (D = 2560 x 32,
+    M = 16: ~1360 runs of ~10 300 heavy items, `_runs` 0.66 -> 0.50 ms a call, five a plan).
+
+    >>> _run_firsts(np.array([2, 3, 3, 5, 5])).tolist()
+    [0, 2, 3]
+    """
+    size = after.size
+    jump, firsts = np.append(after, size), np.zeros(min(size, 1), dtype=np.int64)  # size: past the last, fixed
+    while firsts.size and firsts[-1] < size:
+        firsts = np.concatenate([firsts, jump[firsts]])
+        jump = jump[jump]
+    return firsts[firsts < size]
 
 
 def _filled(problem: MicroBatchProblem, m: int, p: int, runs: tuple) -> tuple | None:
