@@ -1,10 +1,16 @@
-"""Shared test configuration: the toolkit's deterministic Hypothesis profile by default; the `started_early` and
-`planned_passes` fixtures."""
+"""Shared test configuration: the toolkit's deterministic Hypothesis profile by default; the `started_early`,
+`background` and `planned_passes` fixtures."""
 
+import importlib
+import inspect
+import json
 import subprocess
 import sys
+import tempfile
 import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +22,11 @@ load_profile()
 EARLY = pytest.StashKey[dict]()
 EARLY_TIMEOUT = 300
 """Seconds an `early` command may run unless its module says otherwise."""
+BACKGROUND = "background checks"
+"""The `early` command a module need not write: its `BACKGROUND` checks ({name: function}: the bodies of tests
+bound by rank starts or by timeouts they wait out) one after another in one process (`run_background`), each test
+reading its own check's outcome (`background`)."""
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
@@ -41,6 +52,9 @@ def pytest_runtestloop(session):
 
     def run(module, name: str) -> subprocess.CompletedProcess:
         command = getattr(module, "EARLY", {}).get(name)
+        if command is None and name == BACKGROUND and hasattr(module, "BACKGROUND"):  # imported as `tests.<name>`
+            command = {"args": ("-c", "import sys; from tests.conftest import run_background; run_background("
+                                      "sys.argv[1])", f"tests.{Path(module.__file__).stem}"), "cwd": ROOT}
         if command is None:
             raise LookupError(f"@pytest.mark.early({name!r}): {module.__name__} has no EARLY[{name!r}] command")
         options = {"timeout": EARLY_TIMEOUT, **getattr(module, "EARLY_OPTIONS", {}),
@@ -94,6 +108,33 @@ def started_early(request):
     def result(name: str) -> subprocess.CompletedProcess:
         return request.config.stash[EARLY][4][request.module.__name__, name].result()
     return result
+
+
+def run_background(module_name: str) -> None:
+    """The `BACKGROUND` command's body: every check of `module_name`'s `BACKGROUND`, its traceback (None where it
+    passed), as JSON on the last line of stdout.  A check with a `tmp_path` parameter gets a fresh empty folder, as
+    pytest's fixture."""
+    failures = {}
+    for name, check in importlib.import_module(module_name).BACKGROUND.items():
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                check(**{"tmp_path": Path(folder)} if "tmp_path" in inspect.signature(check).parameters else {})
+            failures[name] = None
+        except Exception:  # each check's own failure, for its test
+            failures[name] = traceback.format_exc()
+    print(f"\n{json.dumps(failures)}")  # a line of its own whatever a check's processes printed
+
+
+@pytest.fixture
+def background(started_early):
+    """`background(name)`: fails with the traceback of the module's `BACKGROUND[name]` check where it failed (its
+    test marked `@pytest.mark.early("background checks")`)."""
+    def check(name: str) -> None:
+        done = started_early(BACKGROUND)
+        assert done.returncode == 0, done.stderr
+        failure = json.loads(done.stdout.splitlines()[-1])[name]
+        assert failure is None, failure
+    return check
 
 
 @pytest.fixture
