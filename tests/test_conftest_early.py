@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 CONFTEST = Path(__file__).with_name("conftest.py")
 
 TESTS = '''
@@ -39,7 +41,13 @@ def test_long_then_fails(started_early):
 '''
 
 
-def test_early_commands_start_for_running_tests_only_and_die_with_the_session(tmp_path):
+@pytest.mark.early("background checks")
+def test_early_commands_start_for_running_tests_only_and_die_with_the_session(background):
+    background("a session of its own")
+
+
+def session_check(tmp_path):
+    """A pytest process of its own: conftest's `background` check (another process waits for it)."""
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "test_early.py").write_text(TESTS)
     began = time.monotonic()
@@ -51,3 +59,6 @@ def test_early_commands_start_for_running_tests_only_and_die_with_the_session(tm
     assert "has no EARLY['no such command'] command" in result.stdout
     assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
     assert (tmp_path / "started_ran").exists() and not (tmp_path / "started_skipped").exists()
+
+
+BACKGROUND = {"a session of its own": session_check}
