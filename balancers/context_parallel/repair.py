@@ -7,10 +7,9 @@ micro-batches too (more of them, each less full).  Instead, micro-batch by micro
 
     if micro-batch m has no layout:
         move out of m its items longer than T (never its longest item), least time first, the fewest
-            that let m lay out (galloping from a guess, then bisection), into micro-batch m + 1 (a new one
-            after the last)
+            that let m lay out (doubling, then bisection), into micro-batch m + 1 (a new one after the last)
         refill m with m + 1's items within T, longest time first, at most the tokens moved out: the
-            longest prefix (doubling from none, then bisection) whose plan lays out with m's cost no higher
+            longest prefix (one item first, then bisection) whose plan lays out with m's cost no higher
             (a micro-batch costs its max, so work below it is free)
 
 Each micro-batch is planned by the split planner (`plan_pass`), so every plan returned lays out; counts
@@ -19,19 +18,7 @@ Each micro-batch is planned by the split planner (`plan_pass`), so every plan re
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
-
-from .dual_feasible import cannot_lay_out
-
-SLACK = 0.97
-"""Share of T at which the certificate's count is the guess a spill searches from where the certificate's own count
-finds no layout (`_tightened_count`): the split planner packs first fit, so it stops laying out a little before the
-certificate's limit.  Chosen among 0.90-0.97 on issue 24's giant families (seeds 7, 11, 23, 41, D = 64 and 512:
-1249 plans -> 1163, the same plans); held out (seeds 300-319, 7 families): 7454 -> 7036, the same 280 plans
-(allgiant and zeros_giants at D = 512 -11 %; bimodal at D = 512 +7 %, where the guess of the spill before had been
-closer in a cascade)."""
 
 
 def repaired_grouping(microbatch: np.ndarray, lengths: np.ndarray, times: np.ndarray, budget: int,
@@ -62,11 +49,10 @@ def _spill(microbatch: np.ndarray, m: int, lengths: np.ndarray, times: np.ndarra
     lay out (found by galloping or doubling, then bisection: moving more out frees blocks), and its refill from
     micro-batch m + 1 (`_refill`); `microbatch` updated in place; None when none lays out.  The fewest the
     certificate leaves (`_fewest_uncertified`) is tried first: where it lays out it is the fewest (with fewer moved
-    out none does), found with one plan; else the search gallops from the count the certificate leaves at SLACK of
-    the budget (`_tightened_count`), or doubles from one item as without the certificate (the probes below its
-    count answered by it, unplanned).
-    `kept`: the items the certificate's count left in the spills before (the last one's is the guess its search
-    gallops from; this spill's is appended)."""
+    out none does), found with one plan; else the search gallops from the count the spill before laid out, or
+    doubles from one item as without the certificate (the probes below its count answered by it, unplanned).
+    `kept`: the items the certificate's count left and those laid out (None: no count did) in the spills before
+    (the last spill's are the guesses this one searches from, `_fewest_laid`; this spill's are appended)."""
     items = np.flatnonzero(microbatch == m)
     keep = items[np.argmax(times[items])]  # the longest item (first by index) defines the micro-batch
     over = items[(lengths[items] > budget) & (items != keep)]
@@ -85,20 +71,23 @@ def _spill(microbatch: np.ndarray, m: int, lengths: np.ndarray, times: np.ndarra
 
     if not over.size:
         return None
-    guess = items.size - kept[-1] if kept else None
+    guess = items.size - kept[-1][0] if kept else None
     certified = count = _fewest_uncertified(rest, over.size, certificates, guess)
-    if kept is not None:
-        kept.append(items.size - certified)
     failed = count - 1  # the most moved out known not to lay out
-    if laid(count) is None:  # not the certificate's count: from the count a tightened certificate leaves
+    if laid(count) is None:  # not the certificate's count: from the count the spill before kept laid out
+        known = kept[-1][1] if kept and kept[-1][1] is not None else None
         found = _fewest_laid(lambda count: laid(count) is None, over.size,
-                             _tightened_count(rest, over.size, lengths, budget, certificates, certified), certified)
+                             None if known is None else items.size - known, certified)
         if found is None:
+            if kept is not None:
+                kept.append((items.size - certified, None))
             return None
         failed, count = found
     while count - failed > 1:
         middle = (failed + count) // 2
         failed, count = (middle, count) if laid(middle) is None else (failed, middle)
+    if kept is not None:
+        kept.append((items.size - certified, items.size - count))
     later = np.flatnonzero(microbatch == m + 1)
     microbatch[over[:count]] = m + 1
     return _refill(microbatch, m, rest(count), laid(count), later,
@@ -108,7 +97,9 @@ def _spill(microbatch: np.ndarray, m: int, lengths: np.ndarray, times: np.ndarra
 def _fewest_laid(fails, most: int, guess: int | None, above: int) -> tuple[int, int] | None:
     """(failed, count): a count of 1 .. `most` whose plan `fails` (0: none known) and a larger one that lays out, the
     fewest that lays out between them (bisected by the caller); None where `most` fails too.  From a `guess` above
-    `above` (the certificate's count, which failed), galloping around it (`_around`); else doubling from one item."""
+    `above` (the certificate's count, which failed), galloping around it (`_around`), as a cascade of spills keeps
+    about as many items laid out each (allgiant, D = 512 x 16, seed 11: 192 in 9 spills running, the last failing
+    the certificate's count; 10 plans from one item, 2 from the guess); else doubling from one item."""
     if guess is not None and above < guess < most:
         fewest, count = _around(fails, guess, most)
         return None if count == most and fails(most) else (fewest - 1, count)
@@ -116,22 +107,6 @@ def _fewest_laid(fails, most: int, guess: int | None, above: int) -> tuple[int, 
     while count < most and fails(count):
         failed, count = count, min(2 * count, most)
     return None if fails(count) else (failed, count)
-
-
-def _tightened_count(rest, most: int, lengths: np.ndarray, budget: int, certificates, certified: int) -> int | None:
-    """The fewest count of 1 .. `most` whose `rest(count)` the certificate does not rule out at ⌊SLACK · T⌋ tokens
-    a rank (galloping from `certified`, its count at T), where `certificates` carry the ranks and spec they judge with
-    (`microbatch._PassPlans.context`); else None.  A guess, not a bound: where the certificate's count finds no
-    layout, the split planner's fewest lies a little above it, as first fit packs short of the certificate's limit
-    (zeros_giants, D = 512 x 16, seed 23: 1 at T, 27 laid out, 27 at 0.97 T; the guess of the spill before, 80, had
-    cost 13 plans).  Where the guess is off, the search still finds the count it brackets (`_around`)."""
-    context = getattr(certificates, "context", None)
-    if context is None:
-        return None
-    num_ranks, degrees = context[0], np.array(context[1].degrees, dtype=np.int64)
-    tightened = SimpleNamespace(certified_none=lambda items: cannot_lay_out(lengths[items], num_ranks, degrees,
-                                                                             int(SLACK * budget)))
-    return _fewest_uncertified(rest, most, tightened, certified)
 
 
 def _fewest_uncertified(rest, most: int, certificates, guess: int | None = None) -> int:
@@ -181,11 +156,10 @@ def _around(certified, guess: int, most: int) -> tuple[int, int]:
 def _refill(microbatch: np.ndarray, m: int, rest: np.ndarray, plan, later: np.ndarray, room: int,
             lengths: np.ndarray, times: np.ndarray, budget: int, plan_pass, certificates=None):
     """Micro-batch m's plan with the longest prefix of `later`'s items within T, by time descending, within `room`
-    tokens, that lays out at no higher cost than `plan` (m's items `rest`): prefixes of 1, 3, 7, ... items until one
-    does not, then bisection (issue 24's giant families, D = 64 and 512, seeds 11 and 23: every refill moved back
-    none or one item, after up to 5 plans of a bisection from the middle; 1 or 2 now); a prefix whose
-    `certificates.floor` is above that cost is not planned (giants_ties, D = 512, T = 32k: 14 of 30 probes, their
-    plans 20-100 ms each)."""
+    tokens, that lays out at no higher cost than `plan` (m's items `rest`): one item first, then bisection (issue 24's
+    giant families, D = 64 and 512, seeds 11 and 23: most refills moved back none, after up to 5 plans of a bisection
+    from the middle, most of them laid out at a higher cost; 1 now); a prefix whose `certificates.floor` is above that
+    cost is not planned (giants_ties, D = 512, T = 32k: 14 of 30 probes, their plans 20-100 ms each)."""
     short = later[lengths[later] <= budget]
     short = short[np.lexsort((short, -times[short]))]
     limit = int(np.searchsorted(np.cumsum(lengths[short]), room, side="right"))
@@ -198,13 +172,13 @@ def _refill(microbatch: np.ndarray, m: int, rest: np.ndarray, plan, later: np.nd
         found = plan_pass(items)
         return found if found is not None and float(found.loads.max()) <= cost else None
 
-    low, best, high, doubling = 0, plan, limit, True
+    low, best, high = 0, plan, limit
     while low < high:
-        middle = min(2 * low + 1, high) if doubling else (low + high + 1) // 2
+        middle = (low + high + 1) // 2 if low else 1  # one item first: most refills move back none
         found = fits(middle)
         if found is not None:
             low, best = middle, found
         else:
-            high, doubling = middle - 1, False
+            high = middle - 1
     microbatch[short[:low]] = m
     return best
