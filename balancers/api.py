@@ -77,6 +77,12 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
             again keeping the smallest items as filler (`balancers.locality.fill`: a few more
             bytes moved, no repair's searches), at once where the target leaves less room above
             the mean load than the smallest item; "only" always deals with the filler.
+        context_parallel: an `orchmllm.ContextParallel`: items may be split over aligned groups of ranks where
+            that pays (`balancers.context_parallel.split`).  `algorithm` is then the kernel of the unsplit
+            candidate, today's plan, kept unless a plan that splits beats it by the spec's `min_gain`; it is
+            not run where a split plan beats every unsplit plan's lower bound (the plan's `algorithm` then
+            reads "context_parallel"); not the baseline ("identity") where a degree splits, and not with
+            `costs`, `padded`, `equal_counts`, `groups`, `sources`, `item_bytes` or `fill`.
 
     Returns:
         A frozen `BalancePlan`; `InfeasibleError` (a ValueError) when the cap cannot be met; `TimeoutError` where

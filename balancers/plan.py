@@ -184,7 +184,20 @@ def run_kernel(kernel: Kernel, problem: Problem, algorithm: str,
     bound = None if built_in else lower_bound(problem)
     result = call_kernel(kernel, algorithm, problem, built_in=built_in)
     require_result(result, KernelResult, algorithm)
-    return result, bound
+    return result._replace(assignment=checked_assignment(result.assignment, problem, algorithm)), bound
+
+
+def checked_assignment(assignment, problem: Problem, algorithm: str) -> np.ndarray:
+    """A kernel's `assignment` as an (n,) int64 array of ranks in [0, D); RuntimeError naming the kernel otherwise,
+    before any path (`make_plan`, the communication-aware pass, the context-parallel merge) reads it (probe53 F1: a
+    malformed one reached numpy's bincount and reshape under `sources=`)."""
+    assignment = np.asarray(assignment)
+    if assignment.shape != problem.lengths.shape or assignment.dtype.kind not in "iu":
+        raise RuntimeError(f"algorithm {algorithm!r} returned an assignment of shape "
+                           f"{assignment.shape} and dtype {assignment.dtype}; expected ({problem.num_items},) ints")
+    if assignment.size and (assignment.min() < 0 or assignment.max() >= problem.num_ranks):
+        raise RuntimeError(f"algorithm {algorithm!r} assigned an item outside ranks [0, {problem.num_ranks})")
+    return assignment if assignment.dtype == np.int64 else assignment.astype(np.int64)
 
 
 def owned(values: np.ndarray) -> np.ndarray:
@@ -378,13 +391,7 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     a problem no kernel was handed.
     """
     status = kernel_status(status, algorithm)
-    assignment = np.asarray(assignment)
-    if assignment.shape != problem.lengths.shape or assignment.dtype.kind not in "iu":
-        raise RuntimeError(f"algorithm {algorithm!r} returned an assignment of shape "
-                           f"{assignment.shape} and dtype {assignment.dtype}; expected ({problem.num_items},) ints")
-    assignment = owned(assignment)
-    if assignment.size and (assignment.min() < 0 or assignment.max() >= problem.num_ranks):
-        raise RuntimeError(f"algorithm {algorithm!r} assigned an item outside ranks [0, {problem.num_ranks})")
+    assignment = owned(checked_assignment(assignment, problem, algorithm))
     loads = rank_loads(problem, assignment)
     tokens = rank_tokens(problem, assignment)
     cap = problem.max_tokens_per_rank

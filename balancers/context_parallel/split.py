@@ -28,7 +28,7 @@ from ..plan import make_plan, run_kernel
 from ..bounds import lower_bound
 from ..problem import (COST_LIMIT, InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum,
                        make_problem)
-from ..registry import built_in, certifies, get_algorithm
+from ..registry import Kind, built_in, certifies, get_algorithm
 from ..validation import as_int, as_sources
 from .bound import Allotment
 from .plan import ContextParallelPlan, certify
@@ -171,6 +171,10 @@ def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_
     degrees = allowed_degrees(spec, problem.num_ranks, gpus)
     if not spec.splits:
         return _wrap(_plain(capped, record, algorithm), capped, spec, gpus, None)
+    if record.kind is Kind.BASELINE:  # probe53 F2: the split planner balanced where the baseline was asked for
+        raise ValueError(f"algorithm {algorithm!r} is the unbalanced baseline, and with degrees "
+                         f"{spec.degrees} the split planner balances wherever splitting pays: plan the "
+                         f"baseline without `context_parallel` (or with degrees=(1,))")
     if warn:  # the input checked: a plan follows
         spec.warn_unit_cost(cost)
     return plan_split(capped, spec, allot(problem, spec, degrees, gpus, cap), lambda: _plain(capped, record, algorithm))
