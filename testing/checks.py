@@ -18,6 +18,14 @@ _SPLIT_CHECK = {ContextParallelPlan: "check_split_plan(plan, lengths, num_ranks,
                 SplitMicroBatchPlan: "brute_force_split_microbatches gives its optimum"}
 
 
+def wrong_status(status) -> str | None:
+    """Why `status` is not a plan's status (a `Status` member, not its text: 'optimal' is no `Status.OPTIMAL`), or
+    None."""
+    if isinstance(status, Status):
+        return None
+    return f"status {status!r} must be a Status (orchmllm.balancers.Status); got {type(status).__name__}"
+
+
 def check_plan_type(plan, expected: type) -> None:
     """TypeError unless `plan` is an `expected` plan, naming the check that takes the plan it is.
 
@@ -102,6 +110,8 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
         if bound < min(necessary, makespan) * (1 - 1e-12):
             _fail(plan, f"lower bound {bound} is below max(total / D, the k+1 smallest of the k·D+1 largest "
                         f"costs) = {necessary}")
+    if wrong_status(plan.status):
+        _fail(plan, wrong_status(plan.status))
     if (plan.status is Status.OPTIMAL) != (makespan == bound):
         _fail(plan, f"status {plan.status} with makespan {makespan} and bound {bound}")
     cap = max_tokens_per_rank

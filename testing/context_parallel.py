@@ -25,10 +25,11 @@ from ..balancers import ContextParallel, ContextParallelPlan, CostModel, Status
 from ..balancers.context_parallel.layout import shard_tokens
 from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
-from .checks import rounding_apart
+from .checks import _AUTO, rounding_apart, wrong_status
 
 SPLIT_BRUTE_FORCE_MAX_PLANS = 2**17
 """Largest number of (block, degree) combinations `brute_force_split` enumerates."""
+AUTO_SPLIT_ORACLE_PLANS = 2**12  # `check_split_plan` runs `brute_force_split` itself up to this many (~0.1 s)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +103,14 @@ def brute_force_split(lengths, num_ranks, spec: ContextParallel, *, cost=None,
     return SplitOptimum(best, np.array([o[0] for o in best_plan]), np.array([o[1] for o in best_plan]), total)
 
 
+def _split_plans(num_items: int, num_ranks: int, spec: ContextParallel) -> float:
+    """How many combinations `brute_force_split` enumerates: every item has the same (block, degree) options."""
+    g = spec.gpus_per_node
+    per_item = sum(1 for c in spec.degrees for s in range(0, num_ranks - c + 1, c)
+                   if c == 1 or s // g == (s + c - 1) // g or spec.allow_inter_node)
+    return math.inf if num_items * math.log2(max(per_item, 1)) > 64 else float(per_item ** num_items)
+
+
 def _fail(plan: ContextParallelPlan, message: str) -> None:
     raise AssertionError(f"split plan of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks): "
                          f"{message}")
@@ -127,8 +136,11 @@ def _check_groups(plan: ContextParallelPlan, spec: ContextParallel, num_ranks: i
 
 
 def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: ContextParallel, *, cost=None,
-                     max_tokens_per_rank=None, optimum: SplitOptimum | None = None) -> None:
+                     max_tokens_per_rank=None, optimum=_AUTO) -> None:
     """Raise AssertionError unless `plan` is a certified split plan of this input (see the module).
+
+    `optimum` (a `SplitOptimum`): default `brute_force_split` of the input when it enumerates at most
+    AUTO_SPLIT_ORACLE_PLANS = 4096 plans; None skips it.
 
     >>> from orchmllm import balance
     >>> spec = ContextParallel(degrees=(1, 2), latency_s=0.0, seconds_per_cost=1.0)
@@ -160,6 +172,11 @@ def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: C
         _fail(plan, f"holds {int(tokens.max())} tokens on a rank > max_tokens_per_rank={max_tokens_per_rank}")
     if plan.makespan != loads.max() or not 0 <= plan.lower_bound <= plan.makespan:
         _fail(plan, f"makespan {plan.makespan} / bound {plan.lower_bound} against max load {loads.max()}")
+    if wrong_status(plan.status):
+        _fail(plan, wrong_status(plan.status))
+    if optimum is _AUTO:
+        optimum = brute_force_split(lengths, num_ranks, spec, cost=cost, max_tokens_per_rank=max_tokens_per_rank) \
+            if _split_plans(n, num_ranks, spec) <= AUTO_SPLIT_ORACLE_PLANS else None
     if optimum is not None and optimum.makespan is not None:
         if not plan.lower_bound <= optimum.makespan <= plan.makespan:
             _fail(plan, f"bound {plan.lower_bound} <= optimum {optimum.makespan} <= makespan {plan.makespan} fails")

@@ -19,8 +19,9 @@ import numpy as np
 from ..balancers import MicroBatchPlan, Status
 from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
-from .checks import check_plan_type, rounding_apart
+from .checks import check_plan_type, rounding_apart, wrong_status
 from .oracles import _all_plans, _item_costs, _per_rank
+from .pipeline import replica_step
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,13 +120,45 @@ def _fail(plan: MicroBatchPlan, message: str) -> None:
                          f"{plan.num_microbatches} micro-batches): {message}")
 
 
+def _check_pipeline_step(plan: MicroBatchPlan, loads: np.ndarray, first_stage_costs) -> None:
+    """`plan.pipeline` against the event simulation (`replica_step`) of every replica's cells (load + overhead, in
+    micro-batch order; with `first_stage_costs`, the items' first-stage parts summed per cell)."""
+    step = plan.pipeline
+    m, num_ranks = loads.shape
+    first = np.zeros(loads.shape)
+    if first_stage_costs is not None:
+        parts = np.asarray(first_stage_costs, dtype=np.float64)
+        if parts.shape != (plan.num_items,):
+            raise ValueError(f"`first_stage_costs` must hold one cost per item ({plan.num_items}); got shape "
+                             f"{parts.shape}")
+        first = np.bincount(plan.microbatch * num_ranks + plan.rank, weights=parts,
+                            minlength=m * num_ranks).reshape(m, num_ranks)
+    simulated = np.array([replica_step(step.pipeline, loads[:, r] + plan.microbatch_overhead, first[:, r])
+                          for r in range(num_ranks)])
+    reported = np.asarray(step.replica_times, dtype=np.float64)
+    terms = plan.num_items + 4 * m * step.pipeline.stages * step.pipeline.virtual_stages
+    if reported.shape != simulated.shape or any(rounding_apart(a, b, terms) for a, b in zip(reported, simulated)):
+        _fail(plan, f"pipeline replica times {reported.tolist()} differ from the event simulation's "
+                    f"{simulated.tolist()}")
+    if step.step_time != (float(reported.max()) if reported.size else 0.0):
+        _fail(plan, f"pipeline step time {step.step_time} is not the slowest replica's {reported.max(initial=0.0)}")
+    if not 0 <= step.lower_bound <= step.step_time:
+        _fail(plan, f"pipeline lower bound {step.lower_bound} is not in [0, step time {step.step_time}]")
+    if wrong_status(step.status) or (step.status is Status.OPTIMAL) != (step.step_time == step.lower_bound):
+        _fail(plan, f"pipeline status {step.status!r} with step time {step.step_time} and bound {step.lower_bound}")
+
+
 def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tokens_per_microbatch: int, *,
-                          cost=None, costs=None, padded=False, optimum: MicroBatchOptimum | None = None) -> None:
+                          cost=None, costs=None, padded=False, optimum: MicroBatchOptimum | None = None,
+                          first_stage_costs=None) -> None:
     """Raise AssertionError unless `plan` is a certified micro-batch plan of this input.
 
     Checked from the input alone: one cell (rank in [0, D), micro-batch in [0, M)) per item;
     cell loads (in item order) and tokens exact; every cell within the budget; step cost =
     Σ_m max_r load + M · overhead; 0 <= bound <= step cost; `optimal` iff they are equal.
+    With `plan.pipeline`: every replica's time is the event simulation of its cells (`replica_step`; pass the
+    items' `first_stage_costs` when the plan was made with them), the step their max, 0 <= bound <= step,
+    `optimal` iff they are equal.
     Against `optimum` (at the plan's M): step cost >= optimum >= bound, equal when optimal.
 
     >>> from orchmllm import balance_microbatches
@@ -163,8 +196,12 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
         _fail(plan, f"step cost {plan.step_cost} != Σ_m max_r load + M · overhead = {step}")
     if not 0 <= plan.lower_bound <= step:
         _fail(plan, f"lower bound {plan.lower_bound} is not in [0, step cost {step}]")
+    if wrong_status(plan.status):
+        _fail(plan, wrong_status(plan.status))
     if (plan.status is Status.OPTIMAL) != (step == plan.lower_bound):
         _fail(plan, f"status {plan.status} with step cost {step} and bound {plan.lower_bound}")
+    if plan.pipeline is not None:
+        _check_pipeline_step(plan, loads, first_stage_costs)
     if optimum is None:
         return
     if optimum.num_microbatches != m:
