@@ -68,20 +68,34 @@ class Pipeline:
         """Whether `num_microbatches` × the model chunks are at most `MAX_PIPELINE_SLOTS`."""
         return num_microbatches * self.stages * self.virtual_stages <= MAX_PIPELINE_SLOTS
 
+    @property
+    def max_microbatches(self) -> int:
+        """The most micro-batches the schedule runs (interleaved: a multiple of `stages`) within `MAX_PIPELINE_SLOTS`;
+        0 when none does (interleaved with stages² × virtual_stages > MAX_PIPELINE_SLOTS)."""
+        most = MAX_PIPELINE_SLOTS // (self.stages * self.virtual_stages)
+        return most - most % self.stages if self.schedule == "interleaved" else most
+
     def check_microbatches(self, num_microbatches: int, name: str = "num_microbatches") -> int:
         """`num_microbatches` when the schedule can run it (interleaved: a multiple of `stages`) and it can be
         planned (`MAX_PIPELINE_SLOTS`)."""
         m = as_int(num_microbatches, name, minimum=1)
-        chunks = self.stages * self.virtual_stages
+        chunks, most = self.stages * self.virtual_stages, self.max_microbatches
+        none_fits = (f"no number of micro-batches fits this pipeline: the interleaved schedule runs a multiple of "
+                     f"`stages`={self.stages}, and {self.stages} × {chunks} model chunks (`stages` × "
+                     f"`virtual_stages`) exceed MAX_PIPELINE_SLOTS = {MAX_PIPELINE_SLOTS}; use fewer `stages` or "
+                     f"`virtual_stages` (stages² × virtual_stages at most {MAX_PIPELINE_SLOTS})")
         if not self.plannable(m):
+            runs = " (a multiple of `stages`)" if self.schedule == "interleaved" else ""
             raise SizeLimitError(f"`{name}`={m} micro-batches × {chunks} model chunks must be at most "
                                  f"MAX_PIPELINE_SLOTS = {MAX_PIPELINE_SLOTS} (planning time grows with their square): "
-                                 f"at most {MAX_PIPELINE_SLOTS // chunks} micro-batches with this pipeline (fewer "
-                                 f"micro-batches: a larger `max_tokens_per_microbatch`)")
+                                 + (none_fits if most == 0 else f"at most {most} micro-batches{runs} with this "
+                                    f"pipeline (fewer micro-batches: a larger `max_tokens_per_microbatch`)"))
+        if most == 0:  # m fits the slots but is not a multiple of `stages`: no multiple does
+            raise SizeLimitError(f"`{name}`={m}: {none_fits}")
         if self.schedule == "interleaved" and m % self.stages:
             raise ValueError(f"`{name}`={m} must be a multiple of the pipeline's `stages`={self.stages} for the "
                              f"interleaved schedule (Megatron-LM runs its micro-batches in groups of P); try "
-                             f"{-(-m // self.stages) * self.stages}")
+                             f"{min(self.runnable(m), most)}")
         return m
 
     def runnable(self, num_microbatches: int) -> int:
