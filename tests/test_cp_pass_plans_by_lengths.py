@@ -37,6 +37,7 @@ def test_regression_the_packing_bound_of_equal_micro_batches_was_built_again(mon
             super().__init__(lengths, *args)
 
     monkeypatch.setattr(microbatch, "Pieces", Counted)
+    monkeypatch.setattr(microbatch, "RETRY_GAP", 0.01)  # its repaired plan (1.013x the bound) ends the fills at 3 %
     plan = balance_microbatches(np.full(1024, 40000), 64, cost=COST_84B, max_tokens_per_microbatch=T,
                                 context_parallel=ContextParallel())
     assert made and len(made) == len(set(made)) <= 10 and plan.num_microbatches == 22
