@@ -187,9 +187,16 @@ class ContextParallel:
         if degree.size and np.any(degree & (degree - 1)):
             bad = int(degree.flat[np.flatnonzero(degree & (degree - 1))[0]])
             raise ValueError(f"`degree` must be powers of two (1, 2, 4, ...); got {bad}")
-        lengths, degree, within_node = np.broadcast_arrays(lengths, degree.astype(np.int64),
-                                                           np.asarray(within_node, dtype=bool))
-        return self.item_times(cost, lengths, degree, within_node)
+        inside = np.asarray(within_node)
+        if inside.dtype != np.bool_ and inside.size:  # "False" or 0.5 would read as True
+            raise TypeError(f"`within_node` must be a bool or an array of bools (numpy bools too); got "
+                            f"{type(within_node).__name__} {within_node!r:.80}")
+        try:
+            arrays = np.broadcast_arrays(lengths, degree.astype(np.int64), inside.astype(bool))
+        except ValueError:
+            raise ValueError(f"`lengths` (shape {lengths.shape}), `degree` (shape {degree.shape}) and `within_node` "
+                             f"(shape {inside.shape}) must broadcast to one shape (numpy's rules)") from None
+        return self.item_times(cost, *arrays)
 
     def item_times(self, cost: CostModel, lengths: np.ndarray, degree: np.ndarray,
                    within_node: np.ndarray) -> np.ndarray:
