@@ -36,7 +36,7 @@ from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport
                       with_examples)
 from .microbatch import MicroBatchOptimum, brute_force_microbatches, check_microbatch_plan
 from .oracles import BRUTE_FORCE_MAX_PLANS
-from .strategies import COST_MODELS, _lengths, as_kinds, hard_cases, size_range
+from .strategies import COST_MODELS, MAX_DRAWN_ITEMS, _lengths, as_kinds, hard_cases, size_range
 
 ORACLE_WORK_SECONDS = 1.0
 """The `time_limit` of the exact micro-batch kernel (a work budget: deterministic) where it is the
@@ -84,7 +84,8 @@ def microbatch_cases(*, max_items: int = 5, max_ranks: int = 2, padded=(False, T
     >>> find(microbatch_cases(), lambda case: case.num_microbatches > 1).num_microbatches
     2
     """
-    max_items, max_ranks = size_range(1, max_items, "items")[1], size_range(1, max_ranks, "ranks")[1]
+    max_items = size_range(1, max_items, "items", MAX_DRAWN_ITEMS)[1]
+    max_ranks = size_range(1, max_ranks, "ranks")[1]
     padded = as_kinds(padded)
     return st.builds(_case, st.sampled_from(range(1, max_items + 1)).flatmap(_lengths),
                      st.sampled_from(range(1, max_ranks + 1)), st.sampled_from([0.0, 0.25, 0.5, 1.0]),

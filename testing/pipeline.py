@@ -170,6 +170,11 @@ def replica_step(pipeline: Pipeline, cell_costs, first_stage=None) -> float:
         _numbers(first_stage, "first_stage", f"`cell_costs`' shape {costs.shape}", 1)
     if first.shape != costs.shape:
         raise ValueError(f"`first_stage` must have `cell_costs`' shape {costs.shape}; got {first.shape}")
+    above = np.flatnonzero(first > costs)
+    if above.size:  # a part of the cell's cost: the rest is spread over the stages
+        i = int(above[0])
+        raise ValueError(f"`first_stage` must be at most `cell_costs` (the first stage's part of each cell's cost); "
+                         f"got {first[i]} > {costs[i]} at [{i}]")
     share = 1.0 / (pipeline.stages * (1.0 + pipeline.backward_factor))  # the same float products as the planner's
     forward = np.tile((costs - first) * share, (pipeline.stages, 1))
     forward[0] += first * (pipeline.stages * share)

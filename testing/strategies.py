@@ -175,7 +175,7 @@ def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_
     ...                case.lengths, case.num_ranks, **case.options)
     >>> test_padded_plans_are_certified()
     """
-    min_items, max_items = size_range(min_items, max_items, "items")
+    min_items, max_items = size_range(min_items, max_items, "items", MAX_DRAWN_ITEMS)
     min_ranks, max_ranks = size_range(min_ranks, max_ranks, "ranks")
     models = list(COST_MODELS.values()) if costs is None else list(_names(costs, "costs", "CostModels"))
     if any(not isinstance(model, CostModel) for model in models):
@@ -187,9 +187,12 @@ def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_
     return _problems(max_items, min_items, max_ranks, min_ranks, padded, caps, models, constraints)
 
 
-def size_range(low, high, what: str) -> tuple[int, int]:
+MAX_DRAWN_ITEMS = 8192  # Hypothesis draws no longer list (its BUFFER_SIZE): a larger size fails at the first draw
+
+
+def size_range(low, high, what: str, most: int | None = None) -> tuple[int, int]:
     """(min_`what`, max_`what`) checked at the call, where Hypothesis would fail only at the first draw:
-    ints with 1 <= min <= max.
+    ints with 1 <= min <= max (<= `most` when given: `MAX_DRAWN_ITEMS` for a drawn list's size).
 
     >>> size_range(5, 2, "items")
     Traceback (most recent call last):
@@ -199,6 +202,9 @@ def size_range(low, high, what: str) -> tuple[int, int]:
     low, high = as_int(low, f"min_{what}", minimum=1), as_int(high, f"max_{what}", minimum=1)
     if low > high:
         raise ValueError(f"`min_{what}` must be at most `max_{what}`; got min_{what}={low} > max_{what}={high}")
+    if most is not None and high > most:
+        raise ValueError(f"`max_{what}` must be at most MAX_DRAWN_ITEMS = {most} (Hypothesis draws no longer list); "
+                         f"got {high}")
     return low, high
 
 
