@@ -26,6 +26,8 @@ BACKGROUND = "background checks"
 """The `early` command a module need not write: its `BACKGROUND` checks ({name: function}: the bodies of tests
 bound by rank starts or by timeouts they wait out) one after another in one process (`run_background`), each test
 reading its own check's outcome (`background`)."""
+BACKGROUND_TIMEOUT = 2 * EARLY_TIMEOUT
+"""Seconds a module's background checks may take together (each of them bounds its own ranks' waits)."""
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -54,7 +56,8 @@ def pytest_runtestloop(session):
         command = getattr(module, "EARLY", {}).get(name)
         if command is None and name == BACKGROUND and hasattr(module, "BACKGROUND"):  # imported as `tests.<name>`
             command = {"args": ("-c", "import sys; from tests.conftest import run_background; run_background("
-                                      "sys.argv[1])", f"tests.{Path(module.__file__).stem}"), "cwd": ROOT}
+                                      "sys.argv[1])", f"tests.{Path(module.__file__).stem}"), "cwd": ROOT,
+                       "timeout": BACKGROUND_TIMEOUT}
         if command is None:
             raise LookupError(f"@pytest.mark.early({name!r}): {module.__name__} has no EARLY[{name!r}] command")
         options = {"timeout": EARLY_TIMEOUT, **getattr(module, "EARLY_OPTIONS", {}),
@@ -114,15 +117,19 @@ def run_background(module_name: str) -> None:
     """The `BACKGROUND` command's body: every check of `module_name`'s `BACKGROUND`, its traceback (None where it
     passed), as JSON on the last line of stdout.  A check with a `tmp_path` parameter gets a fresh empty folder, as
     pytest's fixture."""
-    failures = {}
+    outcomes = {}
     for name, check in importlib.import_module(module_name).BACKGROUND.items():
         try:
             with tempfile.TemporaryDirectory() as folder:
                 check(**{"tmp_path": Path(folder)} if "tmp_path" in inspect.signature(check).parameters else {})
-            failures[name] = None
-        except Exception:  # each check's own failure, for its test
-            failures[name] = traceback.format_exc()
-    print(f"\n{json.dumps(failures)}")  # a line of its own whatever a check's processes printed
+            outcomes[name] = None
+        except KeyboardInterrupt:
+            raise
+        except pytest.skip.Exception as skip:
+            outcomes[name] = ["skipped", str(skip)]
+        except BaseException:  # each check's own failure, for its test: pytest.raises' "DID NOT RAISE" (a
+            outcomes[name] = ["failed", traceback.format_exc()]  # BaseException) too, the checks after it still run
+    print(f"\n{json.dumps(outcomes)}")  # a line of its own whatever a check's processes printed
 
 
 @pytest.fixture
@@ -132,9 +139,11 @@ def background(started_early):
     def check(name: str) -> None:
         done = started_early(BACKGROUND)
         assert done.returncode == 0, done.stderr
-        failure = json.loads(done.stdout.splitlines()[-1])[name]
-        if failure is not None:
-            pytest.fail(f"the background check {name!r} failed:\n{failure}", pytrace=False)
+        outcome = json.loads(done.stdout.splitlines()[-1])[name]
+        if outcome is not None and outcome[0] == "skipped":
+            pytest.skip(outcome[1])
+        if outcome is not None:
+            pytest.fail(f"the background check {name!r} failed:\n{outcome[1]}", pytrace=False)
     return check
 
 

@@ -2,6 +2,7 @@
 command starts only for a test that will run, a mark naming no command fails its test alone, and a session ended
 while a command runs kills it and exits with the tests' own status."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_background
 
 CONFTEST = Path(__file__).with_name("conftest.py")
 
@@ -62,3 +65,30 @@ def session_check(tmp_path):
 
 
 BACKGROUND = {"a session of its own": session_check}
+
+
+CHECKS = '''import pytest
+def raises():
+    with pytest.raises(ValueError):
+        pass
+def skips():
+    pytest.skip("no such device")
+def passes():
+    pass
+def fails():
+    assert [1, 2] == [1, 3]
+BACKGROUND = {"raises": raises, "skips": skips, "passes": passes, "fails": fails}
+'''
+
+
+def test_regression_a_check_whose_raises_saw_nothing_ended_the_other_checks(tmp_path, monkeypatch, capsys):
+    """Cause (rev53 F2): `run_background` caught Exception only; pytest.raises' "DID NOT RAISE" (an outcome
+    exception, a BaseException) ended the process, so the checks after it never ran and every test of the module
+    failed with the same stderr.  Now each check has its own outcome; a skip is a skip."""
+    (tmp_path / "background_probe.py").write_text(CHECKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_background("background_probe")
+    outcomes = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert outcomes["raises"][0] == "failed" and "DID NOT RAISE" in outcomes["raises"][1]
+    assert outcomes["skips"] == ["skipped", "no such device"] and outcomes["passes"] is None
+    assert outcomes["fails"][0] == "failed" and "AssertionError" in outcomes["fails"][1]
