@@ -155,8 +155,10 @@ def _around(certified, guess: int, most: int) -> tuple[int, int]:
 
 def _refill(microbatch: np.ndarray, m: int, rest: np.ndarray, plan, later: np.ndarray, room: int,
             lengths: np.ndarray, times: np.ndarray, budget: int, plan_pass, certificates=None):
-    """Micro-batch m's plan with the longest prefix of `later`'s items within T, by time descending, within `room`
-    tokens, that lays out at no higher cost than `plan` (m's items `rest`): one item first, then bisection (issue 24's
+    """Micro-batch m's plan with a prefix of `later`'s items within T, by time descending, within `room` tokens, that
+    lays out at no higher cost than `plan` (m's items `rest`): the longest where that test is monotone in the prefix,
+    which the heuristic layout does not promise (else a prefix next to a failing one; rev53 F3: where one item
+    fails, none comes back though a longer prefix might lay out): one item first, then bisection (issue 24's
     giant families, D = 64 and 512, seeds 11 and 23: most refills moved back none, after up to 5 plans of a bisection
     from the middle, most of them laid out at a higher cost; 1 now); a prefix whose `certificates.floor` is above that
     cost is not planned (giants_ties, D = 512, T = 32k: 14 of 30 probes, their plans 20-100 ms each)."""
