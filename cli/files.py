@@ -279,6 +279,8 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
     .npy: a 1-D integer array, loaded without pickle.
     Every entry is checked; raises UsageError naming the file and line of the first bad one.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"`path` must be a str or os.PathLike naming a lengths file; got {type(path).__name__}")
     path = Path(path)
     require_file(path, "lengths file")
     suffix = path.suffix.lower()

@@ -14,6 +14,14 @@ from .metadata import as_table
 GATHERED_ITEM = re.compile(r"(?<!split )\b(item|index) (\d+)\b")  # "item 4", "at index 4" (not "split item 4")
 
 
+def _given_shape(value, table: np.ndarray) -> tuple:
+    """The shape the caller passed (`as_table` makes a 1-D sequence a column: (n,) reads as (n, 1))."""
+    try:
+        return tuple(np.shape(value))
+    except (TypeError, ValueError):  # ragged: `as_table` refused it before this is asked
+        return table.shape
+
+
 def local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
     """This rank's (n, 1) lengths and loss tokens, checked: one count per item, each at most the
     item's length (a loss token is one of its tokens)."""
@@ -22,7 +30,8 @@ def local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"`lengths` must be 1-D, one length per item; got shape {lengths.shape}")
     losses = lengths if loss_tokens is None else as_table(loss_tokens, "loss_tokens")
     if losses.shape != lengths.shape:
-        raise ValueError(f"`loss_tokens` must have one count per item ({lengths.shape[0]}); got shape {losses.shape}")
+        raise ValueError(f"`loss_tokens` must have one count per item ({lengths.shape[0]}); got shape "
+                         f"{_given_shape(loss_tokens, losses)}")
     over = np.flatnonzero(losses[:, 0] > lengths[:, 0])
     if over.size:
         item = int(over[0])
