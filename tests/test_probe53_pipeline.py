@@ -20,6 +20,14 @@ def test_regression_interleaved_pipeline_that_no_micro_batch_count_fits_gave_con
                              pipeline=pipeline)
 
 
+def test_regression_a_free_m_named_a_count_it_was_never_given():
+    """A free M was refused as "`num_microbatches`=64 ...", a count the caller never passed: now refused before
+    planning with the cause alone."""
+    with pytest.raises(SizeLimitError, match=r"^no number of micro-batches fits this pipeline"):
+        balance_microbatches(LENGTHS, 2, max_tokens_per_microbatch=400,
+                             pipeline=Pipeline(stages=64, schedule="interleaved", virtual_stages=2))
+
+
 @pytest.mark.parametrize("num_microbatches, advice", [(40, "try 36"), (42, "try 36"),
                                                       (44, r"at most 36 micro-batches \(a multiple of `stages`\)")])
 def test_regression_interleaved_advice_named_counts_the_other_check_refused(num_microbatches, advice):

@@ -67,6 +67,8 @@ algorithm='auto', pipeline=None)
     get_microbatch_algorithm(algorithm, algorithm_name)
     pipeline = as_pipeline(pipeline)
     count = as_int(num_microbatches, "num_microbatches", minimum=1, optional=True)
+    if pipeline is not None and count is None:
+        pipeline.check_some_fit()
     return MicroBatchOptions(
         max_tokens_per_microbatch=as_budget(max_tokens_per_microbatch),
         num_microbatches=count if count is None or pipeline is None else pipeline.check_microbatches(count),

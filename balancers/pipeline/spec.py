@@ -80,10 +80,7 @@ class Pipeline:
         planned (`MAX_PIPELINE_SLOTS`)."""
         m = as_int(num_microbatches, name, minimum=1)
         chunks, most = self.stages * self.virtual_stages, self.max_microbatches
-        none_fits = (f"no number of micro-batches fits this pipeline: the interleaved schedule runs a multiple of "
-                     f"`stages`={self.stages}, and {self.stages} × {chunks} model chunks (`stages` × "
-                     f"`virtual_stages`) exceed MAX_PIPELINE_SLOTS = {MAX_PIPELINE_SLOTS}; use fewer `stages` or "
-                     f"`virtual_stages` (stages² × virtual_stages at most {MAX_PIPELINE_SLOTS})")
+        none_fits = self._none_fits()
         if not self.plannable(m):
             runs = " (a multiple of `stages`)" if self.schedule == "interleaved" else ""
             raise SizeLimitError(f"`{name}`={m} micro-batches × {chunks} model chunks must be at most "
@@ -97,6 +94,19 @@ class Pipeline:
                              f"interleaved schedule (Megatron-LM runs its micro-batches in groups of P); try "
                              f"{min(self.runnable(m), most)}")
         return m
+
+    def check_some_fit(self) -> None:
+        """SizeLimitError where no number of micro-batches can be planned for this pipeline (a free M's plan is
+        refused before it starts, naming no count the caller never gave: probe53 F4)."""
+        if self.max_microbatches == 0:
+            raise SizeLimitError(self._none_fits())
+
+    def _none_fits(self) -> str:
+        chunks = self.stages * self.virtual_stages
+        return (f"no number of micro-batches fits this pipeline: the interleaved schedule runs a multiple of "
+                f"`stages`={self.stages}, and {self.stages} × {chunks} model chunks (`stages` × "
+                f"`virtual_stages`) exceed MAX_PIPELINE_SLOTS = {MAX_PIPELINE_SLOTS}; use fewer `stages` or "
+                f"`virtual_stages` (stages² × virtual_stages at most {MAX_PIPELINE_SLOTS})")
 
     def runnable(self, num_microbatches: int) -> int:
         """The fewest micro-batches >= `num_microbatches` the schedule runs (interleaved: whole groups of P)."""
