@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers import CostModel, InfeasibleError, Status, balance
-from ..balancers.problem import as_lengths
+from ..balancers.problem import as_lengths, as_time_limit
 from ..balancers.validation import as_int
 
 BRUTE_FORCE_MAX_PLANS = 2**20
@@ -236,6 +236,7 @@ def exact(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_rank=No
     (9.0, 9.0)
     """
     lengths, num_ranks = as_lengths(lengths), as_int(num_ranks, "num_ranks", minimum=1)
+    as_time_limit(time_limit)  # refused at every size, not only where the solver runs (probe53 N8)
     if padded:
         return padded_optimum(lengths, num_ranks, cost=cost, max_tokens_per_rank=max_tokens_per_rank)
     if num_ranks**lengths.size <= BRUTE_FORCE_MAX_PLANS // 16:
