@@ -80,15 +80,14 @@ class Pipeline:
         planned (`MAX_PIPELINE_SLOTS`)."""
         m = as_int(num_microbatches, name, minimum=1)
         chunks, most = self.stages * self.virtual_stages, self.max_microbatches
-        none_fits = self._none_fits()
         if not self.plannable(m):
             runs = " (a multiple of `stages`)" if self.schedule == "interleaved" else ""
             raise SizeLimitError(f"`{name}`={m} micro-batches × {chunks} model chunks must be at most "
                                  f"MAX_PIPELINE_SLOTS = {MAX_PIPELINE_SLOTS} (planning time grows with their square): "
-                                 + (none_fits if most == 0 else f"at most {most} micro-batches{runs} with this "
+                                 + (self._none_fits() if most == 0 else f"at most {most} micro-batches{runs} with this "
                                     f"pipeline (fewer micro-batches: a larger `max_tokens_per_microbatch`)"))
         if most == 0:  # m fits the slots but is not a multiple of `stages`: no multiple does
-            raise SizeLimitError(f"`{name}`={m}: {none_fits}")
+            raise SizeLimitError(f"`{name}`={m}: {self._none_fits()}")
         if self.schedule == "interleaved" and m % self.stages:
             raise ValueError(f"`{name}`={m} must be a multiple of the pipeline's `stages`={self.stages} for the "
                              f"interleaved schedule (Megatron-LM runs its micro-batches in groups of P); try "
