@@ -40,8 +40,8 @@ Algorithm:
         lower step is the best
     with M free and the best still above the bound by more than 3 %: where it is the repaired plan with a micro-batch
         above its own bound by more than RETRY_STACK, the plan of a fixed M (every fill at M planned); then, at most
-        RETRY_ITEMS items, of a fixed M + 1, M + 2, ... (empty micro-batches dropped) in turn while each lowers the
-        step (`_more_counts`)
+        RETRY_ITEMS items or the best above the bound by more than RETRY_FAR, of a fixed M + 1, M + 2, ... (empty
+        micro-batches dropped) in turn while each lowers the step (`_more_counts`)
     return the best split plan (the fills' on a tie) if it splits and beats P by more than min_gain, else P;
     with M free, no plan and no P: the plan of a fixed M above the fills' (`_more_microbatches`), if one lays out
     with M fixed: never above the free M's plan padded with empty micro-batches (`fewer.py`)
@@ -95,6 +95,10 @@ and the fills at that count were dropped against the repaired plan's step before
 200-229, held out: at D = 512 x 16 6 of 30 steps 3.5-7.0 % lower, the five above 1.10 the bound (1.121-1.128) at
 1.049-1.063, the worst 1.128 -> 1.090; at D = 64 2 of 30 1.4-1.5 % lower; no plan changed on the 7 families' seeds
 7-37, 11, 41, 101 and 123 at D = 64 and 512, the giant mixes' seeds 100-101 or the long workload's step)."""
+RETRY_FAR = 0.08
+"""Share above the bound of the searched plan past which the free M tries fixed counts above its own whatever the
+items' count (pow2, D = 64 x 16, seeds 304, 305, 309: 1.091-1.104 the bound -> 1.033-1.041 in 5-15x the time; held
+out, cxr54: 3 of 384 rows lower (1.081 -> 1.028, 1.081 -> 1.064, 1.056 -> 1.049; 2-3x), none higher)."""
 FLOOR_SLACK = 1e-9
 """Relative margin below a deferred fill's bound (its float sums may round a hair above a plan's)."""
 
@@ -391,7 +395,8 @@ def _stacked(plan: SplitMicroBatchPlan) -> bool:
 
 def _more_counts(best: SplitMicroBatchPlan, lengths, num_ranks, spec, cost, budget, overhead, today, refusal,
                  bound: float, plans: _PassPlans, spilled: bool) -> SplitMicroBatchPlan:
-    """With M free, `best` (M micro-batches) above the bound by more than RETRY_GAP and at most RETRY_ITEMS items:
+    """With M free, `best` (M micro-batches) above the bound by more than RETRY_GAP and at most RETRY_ITEMS items (or
+    above it by more than RETRY_FAR, whatever their count):
     the plans of a fixed M + 1, M + 2, ... (each without its empty micro-batches) in turn while each lowers the step
     and stays above that, the lowest kept (`best` on a tie): the fills' count compares the fills' plans before the
     search over their micro-batches, which can take a fixed M + 1's plan below the free M's (probe27 P27-09: up to
@@ -406,10 +411,10 @@ def _more_counts(best: SplitMicroBatchPlan, lengths, num_ranks, spec, cost, budg
         if today is None:
             raise refusal
         return today
-    own = best.num_microbatches
+    own, far = best.num_microbatches, best.step_cost > bound * (1 + RETRY_FAR)
     count = own - 1 if spilled else own
     while best.step_cost > bound * (1 + RETRY_GAP) and count < lengths.size and (
-            count < own or lengths.size <= RETRY_ITEMS):
+            count < own or far or lengths.size <= RETRY_ITEMS):
         count += 1
         try:
             more = split_microbatches(lengths, num_ranks, spec, cost=cost, budget=budget, overhead=overhead,
