@@ -110,8 +110,8 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
         if bound < min(necessary, makespan) * (1 - 1e-12):
             _fail(plan, f"lower bound {bound} is below max(total / D, the k+1 smallest of the k·D+1 largest "
                         f"costs) = {necessary}")
-    if wrong_status(plan.status):
-        _fail(plan, wrong_status(plan.status))
+    if why := wrong_status(plan.status):
+        _fail(plan, why)
     if (plan.status is Status.OPTIMAL) != (makespan == bound):
         _fail(plan, f"status {plan.status} with makespan {makespan} and bound {bound}")
     cap = max_tokens_per_rank

@@ -43,22 +43,25 @@ class SplitOptimum:
     microbatch: np.ndarray | None = None  # micro-batches (`brute_force_split_microbatches`)
 
 
+def _blocks(num_ranks: int, spec: ContextParallel) -> list[tuple[int, int, bool]]:
+    """Every item's (start, degree, inside a node) choices: the aligned blocks of each degree that may hold a group."""
+    g = spec.gpus_per_node
+    return [(s, c, s // g == (s + c - 1) // g) for c in spec.degrees for s in range(0, num_ranks - c + 1, c)
+            if c == 1 or s // g == (s + c - 1) // g or spec.allow_inter_node]
+
+
 def _options(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost: CostModel):
     """Per item, its (start, degree, per-rank loads (D,), per-rank tokens (D,)) options."""
-    g = spec.gpus_per_node
+    blocks = _blocks(num_ranks, spec)
     per_item = []
     for length in lengths.tolist():
         options = []
-        for c in spec.degrees:
-            for s in range(0, num_ranks - c + 1, c):
-                inside = s // g == (s + c - 1) // g
-                if c > 1 and not inside and not spec.allow_inter_node:
-                    continue
-                loads = np.zeros(num_ranks)
-                loads[s:s + c] = spec.time(cost, [length], c, within_node=inside)[0]
-                tokens = np.zeros(num_ranks, dtype=np.int64)
-                tokens[s:s + c] = shard_tokens([length], c)[0]
-                options.append((s, c, loads, tokens))
+        for s, c, inside in blocks:
+            loads = np.zeros(num_ranks)
+            loads[s:s + c] = spec.time(cost, [length], c, within_node=inside)[0]
+            tokens = np.zeros(num_ranks, dtype=np.int64)
+            tokens[s:s + c] = shard_tokens([length], c)[0]
+            options.append((s, c, loads, tokens))
         per_item.append(options)
     return per_item
 
@@ -105,9 +108,7 @@ def brute_force_split(lengths, num_ranks, spec: ContextParallel, *, cost=None,
 
 def _split_plans(num_items: int, num_ranks: int, spec: ContextParallel) -> float:
     """How many combinations `brute_force_split` enumerates: every item has the same (block, degree) options."""
-    g = spec.gpus_per_node
-    per_item = sum(1 for c in spec.degrees for s in range(0, num_ranks - c + 1, c)
-                   if c == 1 or s // g == (s + c - 1) // g or spec.allow_inter_node)
+    per_item = len(_blocks(num_ranks, spec))
     return math.inf if num_items * math.log2(max(per_item, 1)) > 64 else float(per_item ** num_items)
 
 
@@ -172,8 +173,8 @@ def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: C
         _fail(plan, f"holds {int(tokens.max())} tokens on a rank > max_tokens_per_rank={max_tokens_per_rank}")
     if plan.makespan != loads.max() or not 0 <= plan.lower_bound <= plan.makespan:
         _fail(plan, f"makespan {plan.makespan} / bound {plan.lower_bound} against max load {loads.max()}")
-    if wrong_status(plan.status):
-        _fail(plan, wrong_status(plan.status))
+    if why := wrong_status(plan.status):
+        _fail(plan, why)
     if optimum is _AUTO:
         optimum = brute_force_split(lengths, num_ranks, spec, cost=cost, max_tokens_per_rank=max_tokens_per_rank) \
             if _split_plans(n, num_ranks, spec) <= AUTO_SPLIT_ORACLE_PLANS else None

@@ -196,8 +196,8 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
         _fail(plan, f"step cost {plan.step_cost} != Σ_m max_r load + M · overhead = {step}")
     if not 0 <= plan.lower_bound <= step:
         _fail(plan, f"lower bound {plan.lower_bound} is not in [0, step cost {step}]")
-    if wrong_status(plan.status):
-        _fail(plan, wrong_status(plan.status))
+    if why := wrong_status(plan.status):
+        _fail(plan, why)
     if (plan.status is Status.OPTIMAL) != (step == plan.lower_bound):
         _fail(plan, f"status {plan.status} with step cost {step} and bound {plan.lower_bound}")
     if plan.pipeline is not None:
