@@ -40,7 +40,8 @@ split items must agree on every rank; a failure is an error on every rank (the f
 says why, the others raise `PeerInputError` naming it), never a hang. During attention only a
 group's ranks exchange, each with the peers the agreed layout names; a peer that died or
 never reached the call surfaces at the process group's timeout as `ContextParallelError`
-naming the items and groups.
+naming the items and groups; peers whose keys and values differ in dtype or shape raise it at
+once, before any payload (one header row per peer at a layout's first call: `cp_rows.py`).
 """
 
 from __future__ import annotations
@@ -58,13 +59,10 @@ from ..balancers.context_parallel.layout import chunk_sizes, shard_positions
 from ..balancers.validation import as_bool, as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
 from .comm import group_rank, group_size
+from .cp_rows import ContextParallelError, agree_rows, row_schema
 from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 
 __all__ = ["ContextParallelError", "ContextParallelLayout", "SplitItem", "context_parallel_attention"]
-
-
-class ContextParallelError(RuntimeError):
-    """A peer of a context-parallel group died or never reached the attention call."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +122,7 @@ class _Exchange:
     peer_items: dict  # peer -> "split item 7 on group (0, 1), ..." for error messages
     cache: dict = field(default_factory=dict)
     agreed: dict = field(default_factory=dict)  # the first call's "mask", and whether its gathered keys had "padding"
+    schemas: set = field(default_factory=set)  # the row schemas its peers agreed on (`cp_rows`)
 
     def indices(self, device) -> dict:
         """The index arrays as int64 tensors on `device` (made once per device)."""
@@ -400,6 +399,9 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     if exchange.buffer_rows or exchange.send_rows:
         # each row's flag column: 1 where it is a key (0: padding), + 2 under a causal mask, so a peer's padding
         # reaches ranks that pass no mask, and a peer of the group calling with another `causal` is found
+        if (schema := row_schema(key, value)) not in exchange.schemas:  # before a payload of another size aborts
+            agree_rows(schema, exchange, layout.group, _p2p)
+            exchange.schemas.add(schema)
         flags = (torch.ones(tokens, 1) if valid is None else valid[:, None]) + 2.0 * causal
         rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), flags.to(key.dtype).to(key.device)],
                          dim=1)
@@ -466,6 +468,9 @@ def _check_inputs(query, key, value, layout, key_padding_mask) -> int:
         if min(tensor.shape[1:]) < 1:
             raise ValueError(f"`{name}` must have at least one head and a head dim >= 1; got shape "
                              f"{tuple(tensor.shape)}")
+    if len({query.dtype, key.dtype, value.dtype}) > 1 or len({query.device, key.device, value.device}) > 1:
+        raise ValueError(f"`query`, `key` and `value` must share one dtype and device; got "
+                         f"{', '.join(f'{t.dtype} on {t.device}' for t in (query, key, value))}")
     if key.shape[:2] != value.shape[:2] or query.shape[2] != key.shape[2] or query.shape[1] % key.shape[1]:
         raise ValueError(f"`key` {tuple(key.shape)} and `value` {tuple(value.shape)} must have the same heads, "
                          f"`query` {tuple(query.shape)} a multiple of them and key's dim")

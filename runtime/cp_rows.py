@@ -1,0 +1,61 @@
+"""The rows a context-parallel attention call sends its group peers, agreed before the first payload.
+
+Each message of the K/V exchange is rows of this rank's keys and values flattened, in their dtype, so
+its size follows from the dtype and the key and value shapes (kv heads × head dim), which the plan
+does not fix.  A peer whose rows are of another size makes gloo abort its process ("Received data size
+doesn't match expected size"), and one of the same size but another layout (bfloat16 beside float16,
+2 heads of 4 beside 4 heads of 2) is read as wrong keys without a word (probe55).  So before the first
+payload of every row schema an exchange sees, each peer pair swaps one header row: the schema's words
+(dtype, key and value shape) and, in the last column where the payload rows carry their flags, a digest
+of them, which decides; every rank of a pair whose schemas differ raises `ContextParallelError` naming
+both.  A float64 row of a fixed size: it never aborts, whatever the schemas.  A schema agreed once is
+not swapped again (the layers of a model share theirs: one header round per micro-batch).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from .comm import group_rank
+
+__all__ = ["ContextParallelError", "agree_rows", "row_schema"]
+
+
+class ContextParallelError(RuntimeError):
+    """A peer of a context-parallel group died, never reached the attention call, or exchanges other rows."""
+
+
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128)
+
+
+def row_schema(key: torch.Tensor, value: torch.Tensor) -> tuple[int, ...]:
+    """The words that fix a row's layout: the dtype's code and the key and value shapes past the tokens."""
+    code = DTYPES.index(key.dtype) if key.dtype in DTYPES else 100 + zlib.crc32(str(key.dtype).encode()) % 10**6
+    return (code, *key.shape[1:], *value.shape[1:])
+
+
+def _shown(words: list[int]) -> str:
+    code, key, value = words[0], words[1:3], words[3:5]
+    dtype = DTYPES[code] if 0 <= code < len(DTYPES) else "another dtype"
+    return f"{str(dtype).removeprefix('torch.')} keys {tuple(key)}, values {tuple(value)} (heads, dim)"
+
+
+def agree_rows(schema: tuple[int, ...], exchange, group, p2p) -> None:
+    """Swap `schema`'s header row with every peer of `exchange` through `p2p` (the call's point-to-point
+    exchange); ContextParallelError naming the peers whose rows differ, on both ranks of each pair."""
+    words = torch.tensor(schema, dtype=torch.float64)
+    digest = float(zlib.crc32(words.numpy().tobytes()))  # below 2**32: exact in float64
+    header = torch.cat([words, torch.tensor([digest], dtype=torch.float64)])[None, :]
+    sends = {peer: header for peer in exchange.send_rows}
+    recvs = {peer: torch.zeros_like(header) for peer in exchange.send_rows}
+    p2p(sends, recvs, exchange, group, "forward")
+    differ = [peer for peer, row in sorted(recvs.items()) if float(row[0, -1]) != digest]
+    if differ:
+        theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown(recvs[peer][0, :-1].long().tolist())}"
+                           for peer in differ)
+        raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers pass keys "
+                                   f"and values of another dtype or shape (here {_shown(list(schema))}; {theirs}); "
+                                   f"every rank of a split item's group must run the same model in the same dtype "
+                                   f"(the K/V rows they exchange would be misread, or abort the process)")

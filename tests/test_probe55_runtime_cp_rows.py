@@ -1,0 +1,82 @@
+"""probe55: ranks of a context-parallel group whose keys and values differ in dtype or shape.
+
+The K/V exchange sends rows of the keys and values flattened: rows of another size (float64 beside float32,
+other kv heads) made gloo abort one process (SIGABRT, "Received data size doesn't match expected size") while
+its peer reported a dead peer; rows of the same size (bfloat16 beside float16: "called it with causal=False";
+2 heads of 4 beside 4 heads of 2: nothing) were misread.  Each pair now swaps a header row first and both raise
+ContextParallelError naming the other's dtype and shapes.  Ranks that change their shapes together (layers of
+other kv heads) still attend exactly."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orchmllm.runtime.context_parallel import (ContextParallelError, ContextParallelLayout, SplitItem,
+                                               context_parallel_attention)
+from orchmllm.runtime.launch import run_processes
+
+LENGTH = 8
+ODD = {  # case -> per rank (dtype, kv heads, dim)
+    "float64 beside float32": ((torch.float64, 1, 2), (torch.float32, 1, 2)),
+    "bfloat16 beside float16": ((torch.bfloat16, 1, 2), (torch.float16, 1, 2)),
+    "2 heads of 4 beside 4 of 2": ((torch.float32, 2, 4), (torch.float32, 4, 2)),
+    "1 head beside 2": ((torch.float32, 1, 2), (torch.float32, 2, 2)),
+}
+
+
+def _qkv(rank, dtype, heads, dim, seed):
+    """This rank's shard of one item's q, k, v (the whole item drawn alike on every rank), and the whole item's."""
+    whole = [torch.randn(LENGTH, heads, dim, generator=torch.Generator().manual_seed(seed + part), dtype=torch.float64)
+             for part in range(3)]
+    split = SplitItem(item=0, length=LENGTH, group=(0, 1))
+    layout = ContextParallelLayout.build([split], [split])
+    positions = layout.positions()
+    return [t[positions].to(dtype) for t in whole], whole, layout, positions
+
+
+def _job(rank, size):
+    outcomes = {}
+    for case, schemas in ODD.items():
+        dtype, heads, dim = schemas[rank]
+        (q, k, v), _, layout, _ = _qkv(rank, dtype, heads, dim, 0)
+        try:
+            context_parallel_attention(q, k, v, layout)
+            outcomes[case] = "attended"
+        except ContextParallelError as error:
+            outcomes[case] = str(error)
+    errors = []  # every rank changes its heads at the second call (a model whose layers differ): exact
+    for heads in (1, 3):
+        (q, k, v), whole, layout, positions = _qkv(rank, torch.float64, heads, 2, heads)
+        out = context_parallel_attention(q, k, v, layout)
+        expected = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in whole), is_causal=True)
+        errors.append(float((out - expected.transpose(0, 1)[positions]).abs().max()))
+    return outcomes, errors
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return run_processes(_job, 2, timeout_s=60, collective_timeout_s=20)
+
+
+@pytest.mark.parametrize("case", sorted(ODD))
+def test_regression_group_peers_with_other_rows_aborted_or_misread_them(outcomes, case):
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]  # no rank aborted
+    for o in outcomes:
+        message = o.value[0][case]
+        assert "group peers pass keys and values of another dtype or shape" in message, message
+        dtype, heads, dim = ODD[case][1 - o.rank]
+        assert f"rank {1 - o.rank} (split item 0 on group (0, 1)): {str(dtype)[6:]} keys ({heads}, {dim})" in message
+
+
+def test_ranks_changing_their_heads_together_attend_exactly(outcomes):
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert max(error for o in outcomes for error in o.value[1]) < 1e-12
+
+
+def test_query_key_and_value_of_other_dtypes_are_named_before_any_exchange():
+    split = SplitItem(item=0, length=4, group=(0,))
+    layout = ContextParallelLayout.build([2, split], [split])
+    q = k = torch.ones(6, 1, 2)
+    with pytest.raises(ValueError, match="`query`, `key` and `value` must share one dtype and device; got "
+                                         "torch.float32 on cpu, torch.float32 on cpu, torch.float64 on cpu"):
+        context_parallel_attention(q, k, k.double(), layout)
