@@ -157,7 +157,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def _check_settings(self) -> None:
         """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
         first use (a new seed, a lower budget), and each must pass what the constructor checks."""
-        if self.lengths is not getattr(self, "_checked_lengths", None) or self.lengths.flags.writeable:
+        checked = getattr(self, "_checked_lengths", None)  # None: lengths never checked (lengths=None too)
+        if checked is None or self.lengths is not checked or self.lengths.flags.writeable:
             lengths = tensor_values(self.lengths, "lengths") if isinstance(self.lengths, torch.Tensor) else self.lengths
             # a private copy over immutable bytes: kept plans know it by identity (a copy or an unpickled sampler
             # gets a writable array back, taken as new lengths)
