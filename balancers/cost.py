@@ -8,11 +8,12 @@ coefficients are integers and the costs stay below 2**53.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .validation import as_real, is_int
+from .validation import as_int, as_non_negative_reals, as_real, is_int
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,34 @@ class CostModel:
         if self.per_item == 0 and self.linear == 0 and self.quadratic == 0:
             raise ValueError("CostModel needs at least one positive coefficient; all three are 0")
 
-    def item_costs(self, lengths: np.ndarray) -> np.ndarray:
-        """f(l) for every length, float64."""
-        lengths = np.asarray(lengths, dtype=np.float64)
-        costs = self.quadratic * lengths  # then in place: per_item + l·(linear + quadratic·l)
-        costs += self.linear
-        costs *= lengths
-        costs += self.per_item
+    def item_costs(self, lengths) -> np.ndarray:
+        """f(l) for every length, float64 of `lengths`' shape: finite reals >= 0, ints or floats (ValueError naming
+        the first other one, `validation.as_non_negative_reals`, or the first whose cost overflows float64, as the
+        planners refuse it).
+
+        >>> CostModel(per_item=1.0, quadratic=0.5).item_costs([0, 2, 4]).tolist()
+        [1.0, 5.0, 13.0]
+        """
+        lengths = as_non_negative_reals(lengths, "lengths")
+        with np.errstate(over="ignore"):  # a cost beyond float64 is named below
+            costs = self.quadratic * lengths  # then in place: per_item + l·(linear + quadratic·l)
+            costs += self.linear
+            costs *= lengths
+            costs += self.per_item
+        if costs.size and math.isinf(costs.max()):  # f rises with l: only the longest can overflow first
+            self._refuse_overflow(lengths, costs)
         return costs
+
+    def _refuse_overflow(self, lengths: np.ndarray, costs: np.ndarray) -> None:
+        """ValueError naming the first length whose cost is inf (`check_cost_range`'s words, where the planners
+        refuse such a model)."""
+        flat = int(np.flatnonzero(np.isinf(costs))[0])
+        length = float(lengths.flat[flat])
+        shown = int(length) if length.is_integer() and length < 2**63 else length
+        index = flat if lengths.ndim == 1 else tuple(int(i) for i in np.unravel_index(flat, lengths.shape))
+        where = f"length {shown}" if lengths.ndim == 0 else f"item {index} (length {shown})"
+        raise ValueError(f"`cost` {self} gives {where} the cost inf; costs must be finite float64 (scale the costs "
+                         f"down)")
 
     def __call__(self, length: float) -> float:
         """f(length) of one length, a finite real >= 0 (`item_costs` takes an array of them)."""
@@ -46,10 +67,11 @@ class CostModel:
                             f"item_costs(lengths) for several")
         if hasattr(length, "shape") and hasattr(length, "item"):  # a numpy or torch scalar, 0-d arrays included
             length = length.item()
-        return float(self.item_costs(np.asarray([as_real(length, "length")]))[0])
+        return float(self.item_costs(np.float64(as_real(length, "length"))))
 
     def padded_cost(self, count: int, max_length: int) -> float:
-        """Cost of a padded rank holding `count` items whose longest is `max_length`."""
+        """Cost of a padded rank holding `count` items (an int >= 0) whose longest is `max_length`."""
+        count = as_int(count, "count", minimum=0)
         return 0.0 if count == 0 else count * self(max_length)
 
     @classmethod

@@ -307,14 +307,34 @@ def as_sources(sources, num_items: int, num_ranks: int, name: str = "sources") -
 
 def as_item_bytes(item_bytes, num_items: int, name: str = "item_bytes") -> np.ndarray:
     """Validate per-item byte counts: 1-D finite non-negative numbers; float64 copy."""
-    array = _one_per_item(item_bytes, num_items, name, "byte counts", "entry")
-    if array.size and (array.dtype == object or array.dtype.kind not in "iuf"):
+    return np.ascontiguousarray(as_non_negative_reals(_one_per_item(item_bytes, num_items, name, "byte counts",
+                                                                    "entry"), name))
+
+
+def as_non_negative_reals(values, name: str) -> np.ndarray:
+    """`values` (any shape: read by `as_array`) as float64 of finite reals >= 0, ints or floats: TypeError for
+    another dtype (bools, objects, complex), ValueError naming the first negative, NaN or infinite entry and its
+    index.  An empty array passes whatever its dtype.  Integers are checked by one reduction (`CostModel.item_costs`
+    runs on the planners' lengths).
+
+    >>> as_non_negative_reals([3, 0.5], "lengths").tolist()
+    [3.0, 0.5]
+    >>> as_non_negative_reals([2, -5], "lengths")
+    Traceback (most recent call last):
+    ...
+    ValueError: `lengths` must be finite and non-negative; got -5.0 at index 1
+    """
+    array = as_array(values, name, "finite non-negative reals")
+    if not array.size:
+        return np.asarray(array, dtype=np.float64)
+    if array.dtype == object or array.dtype.kind not in "iuf":
         raise TypeError(f"`{name}` must hold numbers; got dtype {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=np.float64)
-    if array.size and not (array.min() >= 0 and np.isfinite(array.max())):  # a NaN fails both; the masks name it
-        bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
-        raise ValueError(f"`{name}` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
-    return array
+    with np.errstate(over="ignore"):  # a longdouble beyond float64 becomes inf, refused below
+        reals = np.asarray(array, dtype=np.float64)
+    if array.dtype.kind == "u" or (array.dtype.kind == "i" and array.min() >= 0) or (  # ints: one reduction
+            array.dtype.kind == "f" and reals.min() >= 0 and np.isfinite(reals.max())):  # a NaN fails both
+        return reals
+    _refuse_entry(reals, ~np.isfinite(reals) | (reals < 0), name, "must be finite and non-negative")
 
 
 class _RepeatedKey(Exception):

@@ -174,7 +174,8 @@ class ContextParallel:
 
         `within_node` (broadcast too): the group sits inside one node (intra-node bandwidth).
         Degree 1 is the unsplit cost f(l) exactly.  Any power of two is priced, in `degrees` or not (what a
-        peer's or a what-if degree would cost); another degree is refused (probe31 P31-05: 3 was priced).
+        peer's or a what-if degree would cost); another degree is refused (probe31 P31-05: 3 was priced).  A time
+        beyond float64 is refused (ValueError), as the planner refuses it.
         """
         if not isinstance(cost, CostModel):
             raise TypeError(f"`cost` must be a CostModel; got {type(cost).__name__}")
@@ -196,7 +197,14 @@ class ContextParallel:
         except ValueError:
             raise ValueError(f"`lengths` (shape {lengths.shape}), `degree` (shape {degree.shape}) and `within_node` "
                              f"(shape {inside.shape}) must broadcast to one shape (numpy's rules)") from None
-        return self.item_times(cost, *arrays)
+        with np.errstate(over="ignore", invalid="ignore"):  # a time beyond float64 is named below
+            times = self.item_times(cost, *arrays)
+        if times.size and not np.isfinite(times).all():  # as the planner refuses it (`split.allot`)
+            at = np.unravel_index(int(np.flatnonzero(~np.isfinite(times))[0]), times.shape)
+            raise ValueError(f"`context_parallel`'s split times overflow float64 (scale the cost model or the "
+                             f"`context_parallel` parameters down): length {int(arrays[0][at])} at degree "
+                             f"{int(arrays[1][at])} takes {float(times[at])}")
+        return times
 
     def item_times(self, cost: CostModel, lengths: np.ndarray, degree: np.ndarray,
                    within_node: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validation import SizeLimitError, as_int, as_real
+from ..validation import SizeLimitError, as_int, as_non_negative_reals, as_real
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MAX_MODEL_CHUNKS = 128  # stages × virtual_stages: a chunk holds a layer or more; the deepest LLMs have ~128
@@ -65,7 +65,8 @@ class Pipeline:
         object.__setattr__(self, "backward_factor", factor)
 
     def plannable(self, num_microbatches: int) -> bool:
-        """Whether `num_microbatches` × the model chunks are at most `MAX_PIPELINE_SLOTS`."""
+        """Whether `num_microbatches` (an int >= 1) × the model chunks are at most `MAX_PIPELINE_SLOTS`."""
+        num_microbatches = as_int(num_microbatches, "num_microbatches", minimum=1)
         return num_microbatches * self.stages * self.virtual_stages <= MAX_PIPELINE_SLOTS
 
     @property
@@ -108,7 +109,9 @@ class Pipeline:
                 f"`virtual_stages` (stages² × virtual_stages at most {MAX_PIPELINE_SLOTS})")
 
     def runnable(self, num_microbatches: int) -> int:
-        """The fewest micro-batches >= `num_microbatches` the schedule runs (interleaved: whole groups of P)."""
+        """The fewest micro-batches >= `num_microbatches` (an int >= 1) the schedule runs (interleaved: whole groups
+        of P)."""
+        num_microbatches = as_int(num_microbatches, "num_microbatches", minimum=1)
         if self.schedule != "interleaved":
             return num_microbatches
         return -(-num_microbatches // self.stages) * self.stages
@@ -123,11 +126,16 @@ class Pipeline:
         """(forward, backward) seconds of every cell: c · share on every stage and k times that, shape of
         `cell_costs` (rows, M); with `first_stage` e, the part of c that the first stage runs alone (the
         encoders, placed before the LLM's layers), (c - e) · share on every stage plus e / (1 + k) on the
-        first, shape (rows, P, M)."""
-        forward = np.asarray(cell_costs, dtype=np.float64) * self.forward_share
+        first, shape (rows, P, M).  Both hold finite reals >= 0 (ValueError naming the argument); 0 <= e <= c is the
+        caller's to keep (the planner's running sums may cross by a rounding)."""
+        cells = as_non_negative_reals(cell_costs, "cell_costs")
+        forward = cells * self.forward_share
         if first_stage is not None:
-            first = np.asarray(first_stage, dtype=np.float64)
-            forward = np.repeat(((cell_costs - first) * self.forward_share)[:, None, :], self.stages, axis=1)
+            first = as_non_negative_reals(first_stage, "first_stage")
+            if cells.ndim != 2 or first.shape != cells.shape:
+                raise ValueError(f"`cell_costs` must be (rows, M) and `first_stage` of its shape; got shapes "
+                                 f"{cells.shape} and {first.shape}")
+            forward = np.repeat(((cells - first) * self.forward_share)[:, None, :], self.stages, axis=1)
             forward[:, 0, :] += first * (self.stages * self.forward_share)
         return forward, forward * self.backward_factor
 
