@@ -266,7 +266,11 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
     owner, size, position = batch.segment_sample, batch.segment_tokens, batch.segment_position
     scale, first_key = _segment_keys(batch)
     starts = chunks.sample * scale + chunks.position  # ascending
-    cut_segment, cut_row, cut_at, at = _chunk_cuts(first_key, size, starts, chunks.segment_chunk)
+    # A chunk at its sample's position 0 (an unsplit sample's one chunk, a split one's first) starts no segment's
+    # inside: it starts the sample, before all of its segments; only the others are searched.
+    inner = np.flatnonzero(chunks.position)
+    cut_segment, cut_row, cut_at, at = _chunk_cuts(first_key, size, starts[inner], chunks.segment_chunk)
+    cut_at = inner[cut_at]
     if part_segment.size:  # parts starting inside their segment cut it too (where no chunk start does already)
         inside = part_row > 0
         part_key = owner[part_segment[inside]] * scale + position[part_segment[inside]] + part_row[inside]
@@ -293,12 +297,12 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
     piece_row[cut_piece] = cut_row
     piece_tokens = size[piece_segment]
     piece_tokens[cut_piece - 1] = cut_row  # a piece followed by a cut ends there
-    piece_tokens -= piece_row
+    piece_tokens[cut_piece] -= cut_row  # and a cut piece starts there (the others at row 0: no pass over them)
     one_stage = stage.strides == (0,) and stage.size and not part_segment.size  # a `constant`: one too
     piece_stage = constant(int(stage[0]), num_pieces) if one_stage else stage[piece_segment]
     piece_rank = rank[piece_segment]
     piece_offset = offset[piece_segment]
-    piece_offset += piece_row
+    piece_offset[cut_piece] += cut_row
     if part_segment.size:
         in_parts = np.zeros(batch.num_segments, dtype=bool)
         in_parts[part_segment] = True
@@ -311,7 +315,7 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
     piece_chunk[cut_piece] = cut_at
     llm_offset = (chunks.packed - chunks.position)[piece_chunk]  # a row's packed offset less its position in its sample
     llm_offset += position[piece_segment]
-    llm_offset += piece_row
+    llm_offset[cut_piece] += cut_row
     return Pieces(segment=_frozen(piece_segment), row=_frozen(piece_row), tokens=_frozen(piece_tokens),
                   stage=_frozen(piece_stage), encoder_rank=_frozen(piece_rank), encoder_offset=_frozen(piece_offset),
                   llm_rank=_frozen(chunks.rank[piece_chunk]), llm_offset=_frozen(llm_offset), chunk=piece_chunk)
