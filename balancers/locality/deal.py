@@ -193,7 +193,7 @@ def _kept_in_counts(state: PartialPlan, rest: np.ndarray, homes: np.ndarray, mar
     state.loads[:] = loads
     kept_of, first_of = np.zeros(num_ranks, dtype=np.int64), np.zeros(num_ranks, dtype=np.int64)
     kept_of[ranks], first_of[ranks] = kept, first
-    by_home = np.argsort(run_home, kind="stable")
+    by_home = np.argsort(run_home.astype(np.uint16) if num_ranks <= 2**16 else run_home, kind="stable")  # radix
     before = np.empty_like(run_length)  # the run's home's items in its earlier runs
     before[by_home] = np.cumsum(run_length[by_home]) - run_length[by_home] - first_of[run_home[by_home]]
     take = np.clip(kept_of[run_home] - before, 0, run_length)
