@@ -35,7 +35,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ..balancers.validation import is_int
+from ..balancers.validation import as_array, as_non_negative_integers, is_int
 from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
 from .comm import collective, comm_device
@@ -125,7 +125,9 @@ class ExchangeMeta:
     @classmethod
     def from_assignment(cls, assignment, counts, rank: int, plan_id: int = 0) -> "ExchangeMeta":
         """Route from the home layout (rank r holds counts[r] items) to a plan's assignment."""
-        counts = np.asarray(counts, dtype=np.int64)
+        counts = as_non_negative_integers(as_array(counts, "counts", "item counts, one per rank"), "counts")
+        if counts.ndim != 1:
+            raise ValueError(f"`counts` must be 1-D, one item count per rank; got shape {counts.shape}")
         source = home_ranks(counts)
         if np.asarray(assignment).shape != source.shape:
             raise ValueError(f"`assignment` has {np.asarray(assignment).size} entries but `counts` "
@@ -247,6 +249,7 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
     """
     if transport is None:
         transport = FlatAllToAll()
+    pieces = _pieces(pieces)
     if not pieces:
         if problem is not None:
             raise problem
@@ -305,6 +308,19 @@ def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
                      "must be listed there)")
     return (f"piece {number} ({piece.name or '?'}): tensor has {piece.tensor.shape[0]} rows but this rank's "
             f"{items} items own {expected} rows{hint}")
+
+
+def _pieces(pieces) -> list[Piece]:
+    """`pieces` as a list of Pieces; else a TypeError (one Piece alone is a tuple of its fields: its route was read
+    as piece 0, "'ExchangeMeta' object has no attribute 'meta'")."""
+    if isinstance(pieces, Piece) or not hasattr(pieces, "__iter__"):
+        got = "one Piece (pass [piece])" if isinstance(pieces, Piece) else type(pieces).__name__
+        raise TypeError(f"`pieces` must be a sequence of Pieces; got {got}")
+    pieces = list(pieces)
+    wrong = next((piece for piece in pieces if not isinstance(piece, Piece)), None)
+    if wrong is not None:
+        raise TypeError(f"`pieces` must be a sequence of Pieces; got a {type(wrong).__name__} among them")
+    return pieces
 
 
 def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
@@ -433,6 +449,7 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     """
     if transport is None:
         transport = FlatAllToAll()
+    pieces = _pieces(pieces)
     if not pieces:
         return exchange(pieces, transport, stats, guard=guard, problem=problem, reference=reference)
     routes = tuple((piece.meta, piece.item_rows, piece.name, piece.per_item) for piece in pieces)
