@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .validation import as_int, as_non_negative_reals, as_real, is_int
+from .validation import as_bool, as_int, as_non_negative_reals, as_numbers, as_real, is_int
 
 
 @dataclass(frozen=True)
@@ -96,17 +96,21 @@ class CostModel:
         for name, value in (("num_layers", num_layers), ("hidden_size", hidden_size)):
             if not is_int(value) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive int; got {value!r}")
-        if num_heads is not None and (not isinstance(num_heads, int) or num_heads <= 0
-                                      or hidden_size % num_heads):
+        if num_heads is not None and (not is_int(num_heads) or num_heads <= 0 or hidden_size % num_heads):
             raise ValueError(
                 f"`num_heads` must be a positive int dividing hidden_size={hidden_size}; got {num_heads!r}")
         ffn = 4 * hidden_size if ffn_hidden_size is None else ffn_hidden_size
         if not is_int(ffn) or ffn <= 0:
             raise ValueError(f"`ffn_hidden_size` must be a positive int; got {ffn_hidden_size!r}")
-        passes = 3 if backward else 1
-        linear = passes * num_layers * 2 * (4 * hidden_size * hidden_size + 2 * hidden_size * ffn)
+        passes = 3 if as_bool(backward, "backward") else 1
+        causal = as_bool(causal, "causal")
+        try:
+            linear = float(passes * num_layers * 2 * (4 * hidden_size * hidden_size + 2 * hidden_size * ffn))
+        except OverflowError:  # an int beyond float64; the l² term is smaller
+            raise ValueError("`num_layers`, `hidden_size` and `ffn_hidden_size` give more FLOPs per token than float64 "
+                             "holds") from None
         quadratic = passes * num_layers * 4 * hidden_size * (0.5 if causal else 1.0)
-        return cls(per_item=0.0, linear=float(linear), quadratic=float(quadratic))
+        return cls(per_item=0.0, linear=linear, quadratic=float(quadratic))
 
     @classmethod
     def fit(cls, lengths, seconds, *, per_item: bool = True, quadratic: bool = True) -> "CostModel":
@@ -116,8 +120,9 @@ class CostModel:
         multiplicative, and an unweighted fit would let the long sequences dictate the
         coefficients and leave short ones several per cent off.
         """
-        lengths = np.asarray(lengths, dtype=np.float64)
-        seconds = np.asarray(seconds, dtype=np.float64)
+        lengths, seconds = (np.asarray(as_numbers(values, name), dtype=np.float64)
+                            for values, name in ((lengths, "lengths"), (seconds, "seconds")))
+        per_item, quadratic = as_bool(per_item, "per_item"), as_bool(quadratic, "quadratic")
         if lengths.ndim != 1 or seconds.shape != lengths.shape:
             raise ValueError(
                 f"`lengths` and `seconds` must be 1-D of equal size; got shapes {lengths.shape} and {seconds.shape}")
@@ -126,18 +131,21 @@ class CostModel:
         if np.any(lengths < 0) or np.any(seconds < 0):
             raise ValueError("`lengths` and `seconds` must be non-negative")
         names = (["per_item"] if per_item else []) + ["linear"] + (["quadratic"] if quadratic else [])
-        powers = {"per_item": 0, "linear": 1, "quadratic": 2}
-        design = np.stack([lengths ** powers[name] for name in names], axis=1)
-        if lengths.size < design.shape[1]:
-            raise ValueError(f"need at least {design.shape[1]} measurements to fit; got {lengths.size}")
+        if lengths.size < len(names):
+            raise ValueError(f"need at least {len(names)} measurements to fit; got {lengths.size}")
         from scipy.optimize import nnls
 
         positive = seconds[seconds > 0]
         if positive.size == 0:
             raise ValueError("`seconds` must contain at least one positive timing")
-        weights = 1.0 / np.maximum(seconds, positive.min())
-        design = design * weights[:, None]
-        scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
-        coef, _ = nnls(design / scale, seconds * weights)
-        coef = coef / scale
+        powers = {"per_item": 0, "linear": 1, "quadratic": 2}
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # beyond float64: refused below
+            design = np.stack([lengths ** powers[name] for name in names], axis=1)
+            weights = 1.0 / np.maximum(seconds, positive.min())
+            design = design * weights[:, None]
+            scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
+            coef = nnls(design / scale, seconds * weights)[0] / scale if np.isfinite(scale).all() else scale
+        if not np.isfinite(coef).all():
+            raise ValueError(f"`lengths` up to {lengths.max():g} and `seconds` down to {positive.min():g}: the fit's "
+                             f"weighted terms (l², 1 / seconds) overflow float64; measure in other units")
         return cls(**{"per_item": 0.0, "quadratic": 0.0, **dict(zip(names, coef.tolist()))})

@@ -107,7 +107,11 @@ def as_real(value, name: str, *, allow_zero: bool = True) -> float:
     """
     if not is_real(value):
         raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int (or Fraction) beyond float64: 10**400
+        raise ValueError(f"`{name}` must be finite and {'>= 0' if allow_zero else '> 0'}; got a number beyond "
+                         f"float64 ({type(value).__name__})") from None
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"`{name}` must be finite and {'>= 0' if allow_zero else '> 0'}; got {value}")
     return value
@@ -311,6 +315,15 @@ def as_item_bytes(item_bytes, num_items: int, name: str = "item_bytes") -> np.nd
                                                                     "entry"), name))
 
 
+def as_numbers(values, name: str, what: str = "numbers") -> np.ndarray:
+    """`values` (any shape: read by `as_array`, `what` completing its words) as a numpy array of ints or floats:
+    TypeError for another dtype (bools, objects, complex, strs); an empty array passes whatever its dtype."""
+    array = as_array(values, name, what)
+    if array.size and (array.dtype == object or array.dtype.kind not in "iuf"):
+        raise TypeError(f"`{name}` must hold numbers; got dtype {array.dtype}")
+    return array
+
+
 def as_non_negative_reals(values, name: str) -> np.ndarray:
     """`values` (any shape: read by `as_array`) as float64 of finite reals >= 0, ints or floats: TypeError for
     another dtype (bools, objects, complex), ValueError naming the first negative, NaN or infinite entry and its
@@ -324,11 +337,9 @@ def as_non_negative_reals(values, name: str) -> np.ndarray:
     ...
     ValueError: `lengths` must be finite and non-negative; got -5.0 at index 1
     """
-    array = as_array(values, name, "finite non-negative reals")
+    array = as_numbers(values, name, "finite non-negative reals")
     if not array.size:
         return np.asarray(array, dtype=np.float64)
-    if array.dtype == object or array.dtype.kind not in "iuf":
-        raise TypeError(f"`{name}` must hold numbers; got dtype {array.dtype}")
     with np.errstate(over="ignore"):  # a longdouble beyond float64 becomes inf, refused below
         reals = np.asarray(array, dtype=np.float64)
     if array.dtype.kind == "u" or (array.dtype.kind == "i" and array.min() >= 0) or (  # ints: one reduction

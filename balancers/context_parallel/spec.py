@@ -42,7 +42,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..problem import MAX_RANKS, as_lengths
-from ..validation import as_bool, as_int, as_real, is_int
+from ..validation import as_bool, as_int, as_real, check_int64, is_int
 
 H100_SECONDS_PER_FLOP = 1.0 / (989e12 * 0.55)
 DEFAULT_DEGREES = (1, 2, 4, 8)
@@ -140,6 +140,9 @@ class ContextParallel:
         A value set in this spec (not its default) that the topology gives otherwise is not replaced unseen: a node
         size is a ValueError (groups must tile the topology's nodes), a bandwidth or latency a UserWarning naming
         both (the topology's is taken: set a calibrated one on the Topology)."""
+        if not hasattr(topology, "gpus_per_node"):  # None or 4 gave this spec back unchanged
+            raise TypeError(f"`topology` must have `gpus_per_node` (e.g. orchmllm.topology.Topology); got "
+                            f"{type(topology).__name__}")
         names = ("gpus_per_node", "intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "latency_s")
         defaults = {field.name: field.default for field in fields(self)}
         clash = {name: f"{name}={getattr(self, name)!r} (the topology's: {getattr(topology, name)!r})"
@@ -183,6 +186,7 @@ class ContextParallel:
         degree = np.asarray(degree)
         if degree.dtype == object or degree.dtype.kind not in "iu":
             raise TypeError(f"`degree` must be a positive int or an array of them; got dtype {degree.dtype}")
+        check_int64(degree, "degree")  # a uint64 of 2**63 is a power of two, which int64 would wrap negative
         if degree.size and degree.min() < 1:
             raise ValueError(f"`degree` must be at least 1; got {int(degree.min())}")
         if degree.size and np.any(degree & (degree - 1)):
