@@ -1,7 +1,8 @@
-"""Shared test configuration: the toolkit's deterministic Hypothesis profile by default; the `started_early`,
-`background` and `planned_passes` fixtures."""
+"""Shared test configuration: the toolkit's deterministic Hypothesis profile by default; `early` commands and
+`background` tests; the `started_early` and `planned_passes` fixtures."""
 
-import importlib
+import ast
+import importlib.util
 import inspect
 import json
 import subprocess
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from _pytest.assertion.rewrite import rewrite_asserts
 
 from orchmllm.testing import load_profile
 
@@ -22,18 +24,21 @@ load_profile()
 EARLY = pytest.StashKey[dict]()
 EARLY_TIMEOUT = 300
 """Seconds an `early` command may run unless its module says otherwise."""
-BACKGROUND = "background checks"
-"""The `early` command a module need not write: its `BACKGROUND` checks ({name: function}: the bodies of tests
-bound by rank starts or by timeouts they wait out) one after another in one process (`run_background`), each test
-reading its own check's outcome (`background`)."""
+BACKGROUND = "background tests"
+"""The `early` command a module need not write: its tests marked `background` (those bound by rank starts or by
+timeouts they wait out) that will run, one after another in one process (`run_background`); each test, in this
+process, reads its own outcome instead of running its body (`pytest_pyfunc_call`)."""
 BACKGROUND_TIMEOUT = 2 * EARLY_TIMEOUT
-"""Seconds a module's background checks may take together (each of them bounds its own ranks' waits)."""
+"""Seconds a module's background tests may take together (each of them bounds its own ranks' waits)."""
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "early(name): the test reads the result of its module's `EARLY[name]` "
                                        "command, started in the background once collection ends (`started_early`)")
+    config.addinivalue_line("markers", "background: the test's body runs in its module's background process, "
+                                       "started once collection ends; the test reads its outcome (parameters: JSON "
+                                       "values; fixtures: tmp_path only)")
 
 
 @pytest.hookimpl(tryfirst=True)  # after collection and every deselection (-k, -m, --lf, stepwise): the run's items
@@ -45,8 +50,15 @@ def pytest_runtestloop(session):
     config = session.config
     if config.option.collectonly or config.getoption("benchmark_only", False):
         return
-    marked = [(item.module, marker.args[0]) for item in session.items if not _skipped(item)
-              for marker in item.iter_markers("early")]
+    running = [item for item in session.items if not _skipped(item)]
+    background = {}  # {module: [[test name, function name, parameters]]}: what each background process runs
+    for item in running:
+        if item.get_closest_marker("background") is not None:
+            parameters = getattr(item, "callspec", None)
+            background.setdefault(item.module, []).append(
+                [item.name, item.originalname, parameters.params if parameters is not None else {}])
+    marked = [(item.module, marker.args[0] if marker.name == "early" else BACKGROUND) for item in running
+              for marker in item.iter_markers() if marker.name in ("early", "background")]
     if not marked:
         return
     commands = {(module.__name__, name): module for module, name in marked}
@@ -54,10 +66,10 @@ def pytest_runtestloop(session):
 
     def run(module, name: str) -> subprocess.CompletedProcess:
         command = getattr(module, "EARLY", {}).get(name)
-        if command is None and name == BACKGROUND and hasattr(module, "BACKGROUND"):  # imported as `tests.<name>`
+        if command is None and name == BACKGROUND:  # imported as `tests.<name>`, as spawned ranks import it
             command = {"args": ("-c", "import sys; from tests.conftest import run_background; run_background("
-                                      "sys.argv[1])", f"tests.{Path(module.__file__).stem}"), "cwd": ROOT,
-                       "timeout": BACKGROUND_TIMEOUT}
+                                      "sys.argv[1], sys.argv[2])", f"tests.{Path(module.__file__).stem}",
+                                json.dumps(background[module])), "cwd": ROOT, "timeout": BACKGROUND_TIMEOUT}
         if command is None:
             raise LookupError(f"@pytest.mark.early({name!r}): {module.__name__} has no EARLY[{name!r}] command")
         options = {"timeout": EARLY_TIMEOUT, **getattr(module, "EARLY_OPTIONS", {}),
@@ -113,38 +125,54 @@ def started_early(request):
     return result
 
 
-def run_background(module_name: str) -> None:
-    """The `BACKGROUND` command's body: every check of `module_name`'s `BACKGROUND`, its traceback (None where it
-    passed), as JSON on the last line of stdout.  A check with a `tmp_path` parameter gets a fresh empty folder, as
-    pytest's fixture."""
-    outcomes = {}
-    for name, check in importlib.import_module(module_name).BACKGROUND.items():
+def run_background(module_name: str, tests: str) -> None:
+    """The `BACKGROUND` command's body: the tests of `module_name` named in `tests` (JSON: [[test name, function
+    name, parameters]]), each outcome (None where it passed) as JSON on the last line of stdout.  The module is
+    imported with pytest's assertion rewriting (a failed assert shows its values); a test with a `tmp_path`
+    parameter gets a fresh empty folder, as pytest's fixture."""
+    module, outcomes = _rewritten(module_name), {}
+    for name, function, parameters in json.loads(tests):
+        test = getattr(module, function)
         try:
             with tempfile.TemporaryDirectory() as folder:
-                check(**{"tmp_path": Path(folder)} if "tmp_path" in inspect.signature(check).parameters else {})
+                test(**parameters, **{"tmp_path": Path(folder)} if "tmp_path" in inspect.signature(test).parameters
+                     else {})
             outcomes[name] = None
         except KeyboardInterrupt:
             raise
         except pytest.skip.Exception as skip:
             outcomes[name] = ["skipped", str(skip)]
-        except BaseException:  # each check's own failure, for its test: pytest.raises' "DID NOT RAISE" (a
-            outcomes[name] = ["failed", traceback.format_exc()]  # BaseException) too, the checks after it still run
-    print(f"\n{json.dumps(outcomes)}")  # a line of its own whatever a check's processes printed
+        except BaseException:  # each test's own failure: pytest.raises' "DID NOT RAISE" (a BaseException) too,
+            outcomes[name] = ["failed", traceback.format_exc()]  # the tests after it still run
+    print(f"\n{json.dumps(outcomes)}")  # a line of its own whatever a test's processes printed
 
 
-@pytest.fixture
-def background(started_early):
-    """`background(name)`: fails with the traceback of the module's `BACKGROUND[name]` check where it failed (its
-    test marked `@pytest.mark.early("background checks")`)."""
-    def check(name: str) -> None:
-        done = started_early(BACKGROUND)
-        assert done.returncode == 0, done.stderr
-        outcome = json.loads(done.stdout.splitlines()[-1])[name]
-        if outcome is not None and outcome[0] == "skipped":
-            pytest.skip(outcome[1])
-        if outcome is not None:
-            pytest.fail(f"the background check {name!r} failed:\n{outcome[1]}", pytrace=False)
-    return check
+def _rewritten(module_name: str):
+    """`module_name` imported from its file with its asserts rewritten as pytest rewrites a test module's."""
+    spec = importlib.util.find_spec(module_name)
+    source = Path(spec.origin).read_bytes()
+    tree = ast.parse(source, spec.origin)
+    rewrite_asserts(tree, source, spec.origin)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # before its body runs: dataclasses and pickled functions look it up
+    exec(compile(tree, spec.origin, "exec", dont_inherit=True), module.__dict__)
+    return module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A `background` test reads the outcome its module's background process recorded instead of running its
+    body here: a failure shows that process's traceback."""
+    if pyfuncitem.get_closest_marker("background") is None:
+        return None
+    done = pyfuncitem.config.stash[EARLY][4][pyfuncitem.module.__name__, BACKGROUND].result()
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.splitlines()[-1])[pyfuncitem.name]
+    if outcome is not None and outcome[0] == "skipped":
+        pytest.skip(outcome[1])
+    if outcome is not None:
+        pytest.fail(f"{pyfuncitem.name} failed in the background process:\n{outcome[1]}", pytrace=False)
+    return True
 
 
 @pytest.fixture

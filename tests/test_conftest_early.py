@@ -1,6 +1,7 @@
 """conftest's `early` commands (review rev49 F1, F2, F4), in a pytest process of their own over a copy of it: a
 command starts only for a test that will run, a mark naming no command fails its test alone, and a session ended
-while a command runs kills it and exits with the tests' own status."""
+while a command runs kills it and exits with the tests' own status; `background` tests (rev53 F2, F4, F6) run only
+where selected, each read by its own test, a failed assert showing its values."""
 
 import json
 import shutil
@@ -18,11 +19,24 @@ CONFTEST = Path(__file__).with_name("conftest.py")
 TESTS = '''
 import pathlib, sys, time, pytest
 
+@pytest.mark.background
+@pytest.mark.parametrize("size", [3])
+def test_background_passes(size, tmp_path):
+    assert size == 3 and list(tmp_path.iterdir()) == []
+
+@pytest.mark.background
+def test_background_fails():
+    assert [1, 2] == [1, 3]
+
+@pytest.mark.background
+def test_background_deselected():
+    pathlib.Path("started_deselected").touch()
+
 def touch(name):
     return ("-c", f"import pathlib; pathlib.Path({name!r}).touch()")
 
 EARLY = {"skipped": touch("started_skipped"), "ran": touch("started_ran"),
-         "long": ("-c", "import time; time.sleep(60)")}
+         "long": ("-c", "import time; time.sleep(240)")}
 
 @pytest.mark.skip(reason="never runs")
 @pytest.mark.early("skipped")
@@ -44,51 +58,54 @@ def test_long_then_fails(started_early):
 '''
 
 
-@pytest.mark.early("background checks")
-def test_early_commands_start_for_running_tests_only_and_die_with_the_session(background):
-    background("a session of its own")
-
-
-def session_check(tmp_path):
-    """A pytest process of its own: conftest's `background` check (another process waits for it)."""
-    shutil.copy(CONFTEST, tmp_path / "conftest.py")
-    (tmp_path / "test_early.py").write_text(TESTS)
+@pytest.mark.background
+def test_early_commands_start_for_running_tests_only_and_die_with_the_session(tmp_path):
+    """A pytest process of its own (in conftest's background process: another process waits for it), over
+    tests/conftest.py and tests/test_early.py: the background process imports `tests.test_early` from there."""
+    (tmp_path / "tests").mkdir()
+    shutil.copy(CONFTEST, tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "test_early.py").write_text(TESTS)
     began = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_early.py"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert time.monotonic() - began < 40, "the 60 s command outlived the session"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_early.py",
+                             "-k", "not deselected"], cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    assert time.monotonic() - began < 150, "the 240 s command outlived the session"
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "2 failed, 1 passed, 1 skipped" in result.stdout, result.stdout
+    assert "3 failed, 2 passed, 1 skipped, 1 deselected" in result.stdout, result.stdout
     assert "has no EARLY['no such command'] command" in result.stdout
+    assert "test_background_fails failed in the background process" in result.stdout
+    assert "assert [1, 2] == [1, 3]" in result.stdout, result.stdout
     assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
     assert (tmp_path / "started_ran").exists() and not (tmp_path / "started_skipped").exists()
+    assert not (tmp_path / "started_deselected").exists()
 
 
-BACKGROUND = {"a session of its own": session_check}
-
-
-CHECKS = '''import pytest
-def raises():
+PROBE = '''import pytest
+def test_raises():
     with pytest.raises(ValueError):
         pass
-def skips():
+def test_skips():
     pytest.skip("no such device")
-def passes():
+def test_passes():
     pass
-def fails():
+def test_fails():
     assert [1, 2] == [1, 3]
-BACKGROUND = {"raises": raises, "skips": skips, "passes": passes, "fails": fails}
+def test_unselected():
+    raise SystemExit("ran unselected")
 '''
 
 
 def test_regression_a_check_whose_raises_saw_nothing_ended_the_other_checks(tmp_path, monkeypatch, capsys):
     """Cause (rev53 F2): `run_background` caught Exception only; pytest.raises' "DID NOT RAISE" (an outcome
     exception, a BaseException) ended the process, so the checks after it never ran and every test of the module
-    failed with the same stderr.  Now each check has its own outcome; a skip is a skip."""
-    (tmp_path / "background_probe.py").write_text(CHECKS)
+    failed with the same stderr.  Now each test has its own outcome; a skip is a skip.  Cause (rev53 F4): the
+    module ran without pytest's assertion rewriting, so a failed assert said "AssertionError" and no values.
+    Cause (rev53 F6): every check of a module's `BACKGROUND` ran, also one that no test read."""
+    (tmp_path / "background_probe.py").write_text(PROBE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    run_background("background_probe")
+    run_background("background_probe", json.dumps([[name, name, {}] for name in (
+        "test_raises", "test_skips", "test_passes", "test_fails")]))
     outcomes = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert outcomes["raises"][0] == "failed" and "DID NOT RAISE" in outcomes["raises"][1]
-    assert outcomes["skips"] == ["skipped", "no such device"] and outcomes["passes"] is None
-    assert outcomes["fails"][0] == "failed" and "AssertionError" in outcomes["fails"][1]
+    assert outcomes["test_raises"][0] == "failed" and "DID NOT RAISE" in outcomes["test_raises"][1]
+    assert outcomes["test_skips"] == ["skipped", "no such device"] and outcomes["test_passes"] is None
+    assert outcomes["test_fails"][0] == "failed" and "assert [1, 2] == [1, 3]" in outcomes["test_fails"][1]
+    assert "test_unselected" not in outcomes

@@ -62,7 +62,7 @@ def printed_json(target: Path, *args: str):
 
 @functools.cache
 def plugin_site() -> Path:
-    """The README's plugin pip-installed once in this process (conftest's background checks' process), into a
+    """The README's plugin pip-installed once in this process (conftest's background process), into a
     folder removed at its exit."""
     root = Path(tempfile.mkdtemp())
     atexit.register(shutil.rmtree, root, ignore_errors=True)
@@ -70,12 +70,8 @@ def plugin_site() -> Path:
     return root / "site"
 
 
-@pytest.mark.early("background checks")
-def test_the_readme_plugin_runs_in_balance_once_installed(background):
-    background("the_readme_plugin_runs_in_balance_once_installed")
-
-
-def the_readme_plugin_runs_in_balance_once_installed():
+@pytest.mark.background
+def test_the_readme_plugin_runs_in_balance_once_installed():
     script = ("import json; from orchmllm import balance, InfeasibleError; "
               "from orchmllm.balancers import get_algorithm, algorithms\n"
               "plan = balance([5, 4, 3, 2, 1], 2, algorithm='round_robin')\n"
@@ -89,12 +85,8 @@ def the_readme_plugin_runs_in_balance_once_installed():
                                                          "kind": "plugin", "min_cap": 9, "listed": True}
 
 
-@pytest.mark.early("background checks")
-def test_the_readme_plugin_is_an_orchmllm_plan_algorithm(background):
-    background("the_readme_plugin_is_an_orchmllm_plan_algorithm")
-
-
-def the_readme_plugin_is_an_orchmllm_plan_algorithm(tmp_path):
+@pytest.mark.background
+def test_the_readme_plugin_is_an_orchmllm_plan_algorithm(tmp_path):
     lengths = tmp_path / "lengths.csv"
     lengths.write_text("length\n" + "\n".join(map(str, [40, 7, 19, 3, 25, 11, 8, 30])) + "\n")
     plan = printed_json(plugin_site(), "-m", "orchmllm", "plan", str(lengths), "-D", "4", "--algorithm", "round_robin",
@@ -108,12 +100,8 @@ def test_without_the_package_the_name_is_unknown():
         balance([1, 2], 2, algorithm="round_robin")
 
 
-@pytest.mark.early("background checks")
-def test_a_broken_entry_point_is_named(background):
-    background("a_broken_entry_point_is_named")
-
-
-def a_broken_entry_point_is_named(tmp_path):
+@pytest.mark.background
+def test_a_broken_entry_point_is_named(tmp_path):
     pip_install(tmp_path / "source", "broken-balancer", "broken_balancer",
                 '[project.entry-points."orchmllm.algorithms"]\nnot_a_kernel = "broken_balancer:NOT_A_KERNEL"\n',
                 tmp_path / "site")
@@ -139,15 +127,11 @@ CLASHING = (
     "def first_rank(problem):\n    return KernelResult(np.zeros(problem.num_items, dtype=np.int64))\n")
 
 
-@pytest.mark.early("background checks")
-def test_regression_entry_points_that_clash_or_fail_broke_every_listing(background):
+@pytest.mark.background
+def test_regression_entry_points_that_clash_or_fail_broke_every_listing(tmp_path):
     """Cause: the first entry point that failed to import, or whose name was taken, raised out of
     the loader, so every listing of the registry (compare, plan's choices, an unknown name)
     raised with it.  Each is now skipped with a warning naming it and its distribution."""
-    background("regression_entry_points_that_clash_or_fail_broke_every_listing")
-
-
-def regression_entry_points_that_clash_or_fail_broke_every_listing(tmp_path):
     fake_distribution(tmp_path, "clashing-plugins", "clashing_plugins", CLASHING,
                       "lpt = clashing_plugins:first_rank\nverl_kk = clashing_plugins:first_rank\n"
                       "gone = clashing_plugins_gone:kernel\nfirst_rank = clashing_plugins:first_rank\n")
@@ -179,14 +163,10 @@ def regression_entry_points_that_clash_or_fail_broke_every_listing(tmp_path):
     assert {"lpt", "verl_kk"} <= {row["algorithm"] for row in json.loads(done.stdout)["rows"]}
 
 
-@pytest.mark.early("background checks")
-def test_regression_an_entry_point_exiting_at_import_ended_the_command(background):
+@pytest.mark.background
+def test_regression_an_entry_point_exiting_at_import_ended_the_command(tmp_path):
     """Cause: the loader caught Exception only, so a plugin module raising SystemExit at import
     (`raise SystemExit('needs CUDA')`) ended `orchmllm plan --algorithm lpt`, exit 1, no plugin named."""
-    background("regression_an_entry_point_exiting_at_import_ended_the_command")
-
-
-def regression_an_entry_point_exiting_at_import_ended_the_command(tmp_path):
     fake_distribution(tmp_path, "exiting-plugin", "exiting_plugin", "raise SystemExit('needs CUDA')\n",
                       "cuda_only = exiting_plugin:kernel\n")
     (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n")
@@ -196,15 +176,11 @@ def regression_an_entry_point_exiting_at_import_ended_the_command(tmp_path):
             "exiting-plugin (group 'orchmllm.algorithms'): SystemExit: needs CUDA") in done.stderr
 
 
-@pytest.mark.early("background checks")
-def test_regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_line(background):
+@pytest.mark.background
+def test_regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_line(tmp_path):
     """Cause: the command printed Python's two-line warning format, whose second line was the orchmllm line that
     listed the algorithms (`f"algorithms: {', '.join(ALGORITHMS)}")` of cli/compare.py), unrelated to the plugin
     (probe6 P6-11).  The command prints each warning as one line."""
-    background("regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_line")
-
-
-def regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_line(tmp_path):
     fake_distribution(tmp_path, "gone-plugin", "gone_plugin", "", "gone = gone_plugin_module:kernel\n")
     (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n")
     done = run_with(tmp_path, "-m", "orchmllm", "plan", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithm", "lpt")
@@ -214,15 +190,11 @@ def regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_line(t
         "gone-plugin (group 'orchmllm.algorithms'): ModuleNotFoundError: No module named 'gone_plugin_module'"]
 
 
-@pytest.mark.early("background checks")
-def test_regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown(background):
+@pytest.mark.background
+def test_regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown(tmp_path):
     """probe20 P20-04: a name whose entry point failed to load was "unknown `algorithm`" at use, the one warning
     filtered away (-W ignore) or shown on another rank: the user who installed it was told it did not exist.
     The lookup of a skipped entry point's name (plain or micro-batch) says it was skipped and why."""
-    background("regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown")
-
-
-def regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown(tmp_path):
     fake_distribution(tmp_path, "gone-plugin", "gone_plugin", "", "gone = gone_plugin_module:kernel\n")
     script = ("from orchmllm import balance, balance_microbatches\n"
               "for call in (lambda: balance([3, 2, 1], 2, algorithm='gone'),\n"
@@ -247,16 +219,12 @@ RAISING = ("from orchmllm.balancers import Algorithm\n\n"
            "RAISER = Algorithm('raiser', kernel, default=True, description='raises')\n")
 
 
-@pytest.mark.early("background checks")
-def test_regression_a_plugin_whose_kernel_raises_ended_compare_and_plan_in_a_traceback(background):
+@pytest.mark.background
+def test_regression_a_plugin_whose_kernel_raises_ended_compare_and_plan_in_a_traceback(tmp_path):
     """Cause: the RuntimeError naming a plugin's kernel that raised went up through `compare` (which runs every
     default record, the plugin's too) and `plan` as an orchmllm bug: a 41-line traceback, exit 1, no table for
     any algorithm (probe6 P6-20).  compare marks the plugin's rows failed, warns naming it, and runs the rest;
     plan says so in one line, exit 1."""
-    background("regression_a_plugin_whose_kernel_raises_ended_compare_and_plan_in_a_traceback")
-
-
-def regression_a_plugin_whose_kernel_raises_ended_compare_and_plan_in_a_traceback(tmp_path):
     fake_distribution(tmp_path, "raising-plugin", "raising_plugin", RAISING, "raiser = raising_plugin:RAISER\n")
     (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n2\n")
     failed = ("the entry point raiser = raising_plugin:RAISER of distribution raising-plugin (group "
@@ -278,16 +246,12 @@ LAZY = ("from orchmllm.balancers import Algorithm\n\n"
         "LAZY = Algorithm('needs_cuda', 'needs_cuda_kernels:kernel', default=True, description='needs CUDA')\n")
 
 
-@pytest.mark.early("background checks")
-def test_regression_a_plugin_whose_lazy_kernel_cannot_be_imported_ended_plan_and_compare_in_a_traceback(background):
+@pytest.mark.background
+def test_regression_a_plugin_whose_lazy_kernel_cannot_be_imported_ended_plan_and_compare_in_a_traceback(tmp_path):
     """Cause: a plugin record's "module:attr" kernel whose module is missing (an optional dependency) raised
     ModuleNotFoundError, not the RuntimeError naming a failing kernel, through `plan` and `compare`: a 40-line
     traceback, exit 1 (probe10 P10-02).  Now as a kernel that raises: plan says so in one line naming the entry
     point, exit 1; compare marks its rows failed and runs the rest."""
-    background("regression_a_plugin_whose_lazy_kernel_cannot_be_imported_ended_plan_and_compare_in_a_traceback")
-
-
-def regression_a_plugin_whose_lazy_kernel_cannot_be_imported_ended_plan_and_compare_in_a_traceback(tmp_path):
     fake_distribution(tmp_path, "lazy-plugin", "lazy_plugin", LAZY, "needs_cuda = lazy_plugin:LAZY\n")
     (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n2\n")
     failed = ("the entry point needs_cuda = lazy_plugin:LAZY of distribution lazy-plugin (group "
@@ -304,14 +268,10 @@ def regression_a_plugin_whose_lazy_kernel_cannot_be_imported_ended_plan_and_comp
     assert rows["needs_cuda"]["status"] == "failed" and rows["lpt"]["status"] in ("optimal", "feasible")
 
 
-@pytest.mark.early("background checks")
-def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded(background):
+@pytest.mark.background
+def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
     """Cause: names were only checked against what was registered, and the peers register on
     first listing: `register_algorithm('verl_kk', k)` succeeded, and every listing then raised."""
-    background("regression_a_peer_name_could_be_taken_before_the_entry_points_loaded")
-
-
-def regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
     script = ("from orchmllm.balancers import ALGORITHMS, register_algorithm\n"
               "from orchmllm.balancers.kernels import lpt\n"
               "try:\n    register_algorithm('verl_kk', lpt.solve)\nexcept ValueError as error:\n    print(error)\n"
@@ -365,15 +325,11 @@ def test_regression_a_case_variant_of_a_registered_name_is_refused(register, nam
     assert name not in [record.name for record in listed]
 
 
-@pytest.mark.early("background checks")
-def test_regression_a_case_variant_of_a_plugins_name_is_refused_before_the_plugins_load(background):
+@pytest.mark.background
+def test_regression_a_case_variant_of_a_plugins_name_is_refused_before_the_plugins_load():
     """rev50 F5: registered before the entry points loaded, "VERL_KK" was accepted, and orchmllm.study.peers'
     "verl_kk" was then refused as its case twin: the peers' module failed to import and all five built-in peers
     were skipped.  Also "NONE" beside `compare`'s baseline label "none"."""
-    background("regression_a_case_variant_of_a_plugins_name_is_refused_before_the_plugins_load")
-
-
-def regression_a_case_variant_of_a_plugins_name_is_refused_before_the_plugins_load():
     script = ("import warnings; warnings.simplefilter('error')\n"
               "import numpy as np\n"
               "from orchmllm.balancers import KernelResult, registry\n"
@@ -391,19 +347,6 @@ def regression_a_case_variant_of_a_plugins_name_is_refused_before_the_plugins_lo
                         r"orchmllm\.study\.peers:VERL_KK of .*, only in case; choose another name", refused_twin)
     assert refused_label.startswith("algorithm name 'NONE' is reserved: it is `orchmllm compare`'s label")
     assert kind == "peer"
-
-
-BACKGROUND = {check.__name__: check for check in (
-    the_readme_plugin_runs_in_balance_once_installed, the_readme_plugin_is_an_orchmllm_plan_algorithm,
-    a_broken_entry_point_is_named, regression_entry_points_that_clash_or_fail_broke_every_listing,
-    regression_an_entry_point_exiting_at_import_ended_the_command,
-    regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_line,
-    regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown,
-    regression_a_plugin_whose_kernel_raises_ended_compare_and_plan_in_a_traceback,
-    regression_a_plugin_whose_lazy_kernel_cannot_be_imported_ended_plan_and_compare_in_a_traceback,
-    regression_a_peer_name_could_be_taken_before_the_entry_points_loaded,
-    regression_a_case_variant_of_a_plugins_name_is_refused_before_the_plugins_load)}
-"""conftest's `background` checks: each runs Python processes (pip, `python -m orchmllm`) with plugins installed."""
 
 
 def test_a_kernel_that_ignores_the_cap_is_caught_by_make_plan():

@@ -89,8 +89,10 @@ def failing_step_job(rank, size, fault):
     return "finished"
 
 
-def failing_rank_check(fault):
-    """A background check (`BACKGROUND`): the hang waits out its 10 s kill."""
+@pytest.mark.background
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_a_failing_rank_makes_the_others_fail_within_the_collective_timeout(fault):
+    """The hang waits out its 10 s kill."""
     start = time.monotonic()
     outcomes = run_processes(failing_step_job, 4, args=(fault,), timeout_s=10, collective_timeout_s=3)
     elapsed = time.monotonic() - start
@@ -106,12 +108,6 @@ def failing_rank_check(fault):
             assert outcome.seconds is not None and outcome.seconds < 9, outcome
             assert "Traceback" in outcome.error
     assert elapsed < 15
-
-
-@pytest.mark.early("background checks")
-@pytest.mark.parametrize("fault", ["raise", "hang"])
-def test_a_failing_rank_makes_the_others_fail_within_the_collective_timeout(fault, background):
-    background(f"failing rank {fault}")
 
 
 def exchange_without_backward_job(rank, size):
@@ -544,16 +540,12 @@ def test_regression_a_sampler_on_a_loader_thread_beside_the_dispatcher_was_refus
 
 
 
-@pytest.mark.early("background checks")
-def test_regression_forkserver_ranks_exited_at_once_and_bad_timeouts_went_unchecked(background):
+@pytest.mark.background
+def test_regression_forkserver_ranks_exited_at_once_and_bad_timeouts_went_unchecked():
     """Cause (probe17 P17-03, P17-04): a rank's parent watch compared os.getppid() with the caller's pid, which under
     "forkserver" is the fork server's: every rank exited with code 1 "without reporting".  timeout_s 0 / -1 ran
     nothing, nan and "60" raised from an f-string or a subtraction, collective_timeout_s -1 killed every rank in
     torch's socket code."""
-    background("forkserver")
-
-
-def forkserver_check():
     assert [o.value for o in run_processes(operator.mul, 2, timeout_s=120, start_method="forkserver")] == [0, 2]
     for name, value, error in [("timeout_s", 0, ValueError), ("timeout_s", -1, ValueError),
                                ("timeout_s", math.nan, ValueError), ("timeout_s", "60", TypeError),
@@ -564,15 +556,11 @@ def forkserver_check():
         run_processes(operator.mul, 2, start_method="thread")
 
 
-@pytest.mark.early("background checks")
-def test_regression_an_unpicklable_fn_under_spawn_raised_cannot_join_a_process_not_started(background):
+@pytest.mark.background
+def test_regression_an_unpicklable_fn_under_spawn_raised_cannot_join_a_process_not_started():
     """Cause (probe18 P18-05): under "spawn" the first child's start raised the PicklingError of a lambda, and the
     clean-up's join of the children never started raised "can only join a started process" over it, naming
     nothing of `fn`.  Now the pickling is tried first and refused naming `fn`; "fork" takes a closure as before."""
-    background("unpicklable fn")
-
-
-def unpicklable_fn_check():
     scale = 3
     for method in ("spawn", "forkserver"):
         with pytest.raises(TypeError, match=rf"start_method='{method}' pickles `fn` into every rank.*not a lambda or "
@@ -619,27 +607,25 @@ for target in (fn, Job(), functools.partial(job, 3)):
 """
 
 
-def exits_unreported_check():
+@pytest.mark.background
+def test_regression_a_spawned_rank_exiting_unreported_was_not_said_to_have_its_reason_on_stderr():
+    """Cause (probe18 P18-09): a rank that exited without reporting read "exited with code 1 without reporting",
+    its cause on the ranks' stderr only.  Under spawn or forkserver it is now said to have its reason on stderr,
+    the usual one (a module `fn`'s rank cannot import) named where an import failure's exit code is."""
     outcomes = run_processes(exits_without_reporting, 2, start_method="spawn", timeout_s=60)
     assert [outcome.error for outcome in outcomes] == [  # the import hint where an import failure's code is
         "exited with code 1 without reporting (its stderr says why; under 'spawn' a rank that cannot import `fn`'s "
         "module exits so)", "exited with code 3 without reporting"], outcomes
 
 
-BACKGROUND = {"failing rank raise": functools.partial(failing_rank_check, "raise"),
-              "failing rank hang": functools.partial(failing_rank_check, "hang"), "forkserver": forkserver_check,
-              "unpicklable fn": unpicklable_fn_check, "exits unreported": exits_unreported_check}
-"""conftest's `background` checks: rank starts under spawn or forkserver (each imports torch) or a kill waited out."""
 EARLY = {"file-less main": ("-c", FILE_LESS_MAIN)}  # conftest's started_early
 
 
 @pytest.mark.early("file-less main")
-@pytest.mark.early("background checks")
-def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exited(started_early, background):
+def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exited(started_early):
     """Cause (probe18 P18-09): under "spawn" a `fn` of a main module with no file (`python -c`, a script on stdin,
     a notebook) failed to import in every rank, and each outcome read "exited with code 1 without reporting", the
-    cause on the ranks' stderr only.  Now refused before any rank starts; a rank that exits unreported under
-    spawn or forkserver is said to have its reason on stderr, the usual one named.  Cause (probe19 P19-05): for a
+    cause on the ranks' stderr only.  Now refused before any rank starts.  Cause (probe19 P19-05): for a
     functools.partial the check read `fn.__module__`, 'functools'; the partial's function is now named.  The
     three kinds of `fn` (a function, a callable object (R13-01), a partial) in one `python -c` process: each is
     refused before a rank starts, so each refusal's cost is that process's import of torch."""
@@ -649,7 +635,6 @@ def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exit
         f"start_method='spawn' imports `fn` in every rank, and {name} is defined in a main module that has no file to "
         f"import (a script on stdin, `python -c`, a notebook): define it in an importable module, or use "
         f"start_method='fork'" for name in ("'fn'", "'Job'", "'job' (the function of the partial `fn`)")], done.stdout
-    background("exits unreported")
 
 
 def mismatched_parameters_job(rank, size, case):

@@ -199,15 +199,11 @@ run_processes(job, 2, timeout_s=300)
 """
 
 
-@pytest.mark.early("background checks")
-def test_regression_ranks_of_a_killed_launcher_end_with_it(background):
+@pytest.mark.background
+def test_regression_ranks_of_a_killed_launcher_end_with_it(tmp_path):
     """Cause: `run_processes` children are daemons, which ends them only on the parent's own exit: a
     parent killed by SIGKILL (a scheduler after its grace period) left its ranks running at 100 % CPU
     for minutes (probe6 P6-08).  Each child now watches its parent and leaves when it is gone."""
-    background("killed launcher")
-
-
-def killed_launcher_check(tmp_path):
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)])
     files = [tmp_path / f"rank{rank}" for rank in range(2)]
     deadline = time.monotonic() + 60
@@ -229,10 +225,6 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by init) is gone too
         return stat.read().split(")")[-1].split()[0] != "Z"
-
-
-BACKGROUND = {"killed launcher": killed_launcher_check}
-"""conftest's `background` checks: a launcher importing torch, its ranks, and the wait for their exit."""
 
 
 def test_regression_the_local_items_and_lengths_a_plan_hands_out_are_read_only():

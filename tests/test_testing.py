@@ -196,12 +196,8 @@ class EveryRegisteredAlgorithm:
         return f"{name}: {self.targets[name].describe(inner)}"
 
 
-@pytest.mark.early("background checks")
-def test_every_registered_algorithm_plans_alike_in_other_processes(background):
-    background("plans alike in other processes")
-
-
-def plans_alike_check():
+@pytest.mark.background
+def test_every_registered_algorithm_plans_alike_in_other_processes():
     every = EveryRegisteredAlgorithm()
     assert compare_processes(every, every.cases()) == PROCESS_CASES * len(NAMES)
 
@@ -339,13 +335,9 @@ HASH_ORDERED = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.early("background checks")
-def test_kernel_that_depends_on_the_hash_seed_fails_across_processes(background):
-    background("hash seed")
-
-
-def hash_seed_check(tmp_path):
-    """In the background process alone (conftest's `run_background`): its `sys.path` gains the kernel's folder."""
+@pytest.mark.background
+def test_kernel_that_depends_on_the_hash_seed_fails_across_processes(tmp_path):
+    """In conftest's background process (`run_background`), whose `sys.path` gains the kernel's folder."""
     (tmp_path / "hash_ordered_kernel.py").write_text(HASH_ORDERED)
     sys.path.insert(0, str(tmp_path))
     from hash_ordered_kernel import hash_ordered_ranks
@@ -475,14 +467,10 @@ MAIN_KERNEL = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.early("background checks")
-def test_regression_a_kernel_defined_in_main_failed_the_process_check_with_a_pickle_traceback(background):
+@pytest.mark.background
+def test_regression_a_kernel_defined_in_main_failed_the_process_check_with_a_pickle_traceback(tmp_path):
     """Cause: a kernel in `__main__` pickles by reference, and the child process (whose `__main__`
     is another) failed to unpickle it: the parent showed the child's traceback."""
-    background("kernel in main")
-
-
-def kernel_in_main_check(tmp_path):
     (tmp_path / "script.py").write_text(MAIN_KERNEL)
     done = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -490,11 +478,6 @@ def kernel_in_main_check(tmp_path):
         "cannot check my_kernel across processes: another process could not import its kernel (AttributeError: "
         "Can't get attribute 'my_kernel' on <module '__main__' (built-in)>); define the kernel in a module another "
         "process can import (not __main__: a script or an interactive session), or pass processes=False")
-
-
-BACKGROUND = {"plans alike in other processes": plans_alike_check, "hash seed": hash_seed_check,
-              "kernel in main": kernel_in_main_check}
-"""conftest's `background` checks: each waits on other processes, each importing orchmllm."""
 
 
 # -- the micro-batch suite -----------------------------------------------------------------
