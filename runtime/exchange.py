@@ -412,7 +412,7 @@ class _Exchange(torch.autograd.Function):
         outputs = exchange([Piece(meta, tensor, rows, name, per_item)
                             for (meta, rows, name, per_item), tensor in zip(routes, tensors)],
                            transport, stats, guard=guard, problem=problem, reference=reference)
-        ctx.routes, ctx.transport, ctx.stats = routes, transport, stats
+        ctx.routes, ctx.transport, ctx.stats, ctx.anchored = routes, transport, stats, len(tensors) > len(routes)
         ctx.shapes = [(output.shape, output.dtype, output.device) for output in outputs]
         ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
         return tuple(outputs)
@@ -433,7 +433,7 @@ class _Exchange(torch.autograd.Function):
         input_grads = [None] * len(ctx.shapes)
         for n, grad in zip(differentiable, returned):
             input_grads[n] = grad
-        return (None, None, None, None, None, None, *input_grads)
+        return (None, None, None, None, None, None, *input_grads, *[None] * ctx.anchored)
 
 
 def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
@@ -445,7 +445,10 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     vector; this fuses several tensors on several routes, reorders rows, and runs the
     inverse route (one all-to-all) in backward.  Every rank must backpropagate through
     the outputs (an empty output included, e.g. a rank left with no items), or the
-    others wait for its backward collective until the process-group timeout.
+    others wait for its backward collective until the process-group timeout.  Where autograd
+    records, the outputs of floating pieces require grad on every rank, also where no input
+    does (a rank of no items passing fresh zeros): its backward then runs the reverse exchange
+    that its peers' gradients need (probe55: it ran none, and they waited in it).
     """
     if transport is None:
         transport = FlatAllToAll()
@@ -453,5 +456,10 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     if not pieces:
         return exchange(pieces, transport, stats, guard=guard, problem=problem, reference=reference)
     routes = tuple((piece.meta, piece.item_rows, piece.name, piece.per_item) for piece in pieces)
-    return list(_Exchange.apply(routes, transport, stats, guard, problem, reference,
-                                *[piece.tensor for piece in pieces]))
+    tensors = [piece.tensor for piece in pieces]
+    anchor = [_ANCHOR] if torch.is_grad_enabled() and not any(
+        isinstance(tensor, torch.Tensor) and tensor.requires_grad for tensor in tensors) else []
+    return list(_Exchange.apply(routes, transport, stats, guard, problem, reference, *tensors, *anchor))
+
+
+_ANCHOR = torch.zeros((), requires_grad=True)  # an input that records the exchange's node where none other would
