@@ -438,17 +438,18 @@ class _Exchange(torch.autograd.Function):
 
 def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
                        guard: SchemaGuard | None = None, problem: Exception | None = None,
-                       reference: Reference | None = None) -> list[torch.Tensor]:
+                       reference: Reference | None = None, record: bool = False) -> list[torch.Tensor]:
     """`exchange` that autograd can differentiate: backward moves the gradients home.
 
     torch's functional `all_to_all_single_autograd` moves one tensor along one split
     vector; this fuses several tensors on several routes, reorders rows, and runs the
     inverse route (one all-to-all) in backward.  Every rank must backpropagate through
     the outputs (an empty output included, e.g. a rank left with no items), or the
-    others wait for its backward collective until the process-group timeout.  Where autograd
-    records, the outputs of floating pieces require grad on every rank, also where no input
-    does (a rank of no items passing fresh zeros): its backward then runs the reverse exchange
-    that its peers' gradients need (probe55: it ran none, and they waited in it).
+    others wait for its backward collective until the process-group timeout.  `record` (where
+    autograd records): the floating outputs require grad also where no input does, so that this
+    rank's backward runs the reverse exchange its peers' gradients need, for an exchange where
+    some rank's inputs may require no grad while others' do (the dispatcher's `differentiable=True`:
+    a rank of no items passing fresh zeros ran none, and its peers waited in it: probe55).
     """
     if transport is None:
         transport = FlatAllToAll()
@@ -457,7 +458,7 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
         return exchange(pieces, transport, stats, guard=guard, problem=problem, reference=reference)
     routes = tuple((piece.meta, piece.item_rows, piece.name, piece.per_item) for piece in pieces)
     tensors = [piece.tensor for piece in pieces]
-    anchor = [_ANCHOR] if torch.is_grad_enabled() and not any(
+    anchor = [_ANCHOR] if record and torch.is_grad_enabled() and not any(
         isinstance(tensor, torch.Tensor) and tensor.requires_grad for tensor in tensors) else []
     return list(_Exchange.apply(routes, transport, stats, guard, problem, reference, *tensors, *anchor))
 
