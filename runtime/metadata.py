@@ -158,13 +158,24 @@ def gather_digests(digest: bytes, group=None, phase: str = "digest all-gather", 
 
 
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
-    """All-gather each rank's 32-byte digest; raise PlanMismatchError naming disagreeing ranks."""
-    if len(digest) != 32:
-        raise ValueError(f"`digest` must be 32 bytes (SHA-256); got {len(digest)}")
+    """All-gather each rank's 32-byte digest; raise PlanMismatchError naming disagreeing ranks.  A rank whose
+    `digest` is not 32 bytes joins the gather all the same (probe55: its peers waited in it), and raises after it;
+    the others raise PeerInputError naming it."""
+    wrong = None if isinstance(digest, bytes) and len(digest) == 32 else ValueError(
+        f"`digest` must be 32 bytes (SHA-256); got " + (f"{len(digest)}" if isinstance(digest, bytes) else
+                                                        f"a {type(digest).__name__}"))
     if group_size(group) == 1:
+        if wrong is not None:
+            raise wrong
         return
-    problem = disagreement(gather_digests(digest, group, call="plan digest"), what, group_rank(group),
-                           show=lambda value: value.hex()[:12])
+    digests = gather_digests(FAILED_INPUT if wrong is not None else digest, group, call="plan digest")
+    failed = [rank for rank, value in enumerate(digests) if value == FAILED_INPUT]
+    if wrong is not None:
+        raise wrong
+    if failed:
+        raise PeerInputError(f"ranks {failed} passed check_agreement a digest that is not 32 bytes (each raised why); "
+                             f"rank {group_rank(group)} stops with them")
+    problem = disagreement(digests, what, group_rank(group), show=lambda value: value.hex()[:12])
     if problem:
         raise PlanMismatchError(f"{problem}; every rank must run the same solver, version and configuration "
                                 f"on the same metadata")
