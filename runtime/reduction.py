@@ -255,6 +255,8 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     check = as_bool(check, "check")
     checked_group(group)
     given = _parameter_list(parameters, check)
+    names = dict((id(p), name) for name, p in parameters.named_parameters()) \
+        if isinstance(parameters, torch.nn.Module) else {}  # a Module's: digested, so that an order is checked too
     problem = _empty_problem(parameters, group) if not given else None
     parameters = [p for p in given if p.requires_grad]
     problem = problem or _sparse_problem(parameters)
@@ -269,7 +271,7 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
             + " would multiply them by the world size with op='sum')")
     flats = _flat_gradients(parameters) if problem is None and is_distributed(group) else {}
     if check and is_distributed(group):
-        _same_parameters(parameters, problem, group, op, flats)
+        _same_parameters(parameters, problem, group, op, flats, names)
     if problem is not None:
         raise problem
     for p in parameters:
@@ -370,14 +372,16 @@ def _flat_gradients(parameters: list) -> dict[torch.dtype, tuple[list, torch.Ten
                                        for p in params])) for dtype, params in by_dtype.items()}
 
 
-def _same_parameters(parameters: list, problem: Exception | None, group, op: str, flats: dict) -> None:
-    """All-gather each rank's digest of its parameters' dtypes and shapes (FAILED_INPUT where its own `problem`
-    stops it), prefixed by their count, and of their gradients' sample and run sums (`_gradient_sample`); raise on
-    every rank where one failed or they differ, or, for op "sum", where every rank holds the same nonzero gradients
-    (reduced already: a DDP model's parameters as a list, a second call)."""
+def _same_parameters(parameters: list, problem: Exception | None, group, op: str, flats: dict, names: dict) -> None:
+    """All-gather each rank's digest of its parameters' dtypes, shapes and `names` (by id; a Module's, where one was
+    given: probe55, a ModuleDict built from a set in another order on each process had its encoders' gradients summed
+    into each other's) (FAILED_INPUT where its own `problem` stops it), prefixed by their count, and of their
+    gradients' sample and run sums (`_gradient_sample`); raise on every rank where one failed or they differ, or, for
+    op "sum", where every rank holds the same nonzero gradients (reduced already: a DDP model's parameters as a list,
+    a second call)."""
     count = len(parameters).to_bytes(8, "little")
     digest = FAILED_INPUT if problem is not None else count + fingerprint(
-        *((str(p.dtype), tuple(p.shape)) for p in parameters))[8:]
+        *((names.get(id(p), ""), str(p.dtype), tuple(p.shape)) for p in parameters))[8:]
     sample = bytes(32) if problem is not None else _gradient_sample(flats)
     digests = gather_digests(digest + sample, group, f"digest all-gather of all_reduce_gradients ({SAME_CHECK})",
                              "gradient digest")
@@ -392,8 +396,9 @@ def _same_parameters(parameters: list, problem: Exception | None, group, op: str
                                                                 f"dtypes and shapes {value[8:].hex()[:8]}")
     if differ:
         raise ValueError(f"{differ}; every rank must pass the same parameters that require grad (count, dtype and "
-                         f"shape at each position): pass them all (one without a gradient counts as zeros), not "
-                         f"only those with a gradient on this rank")
+                         f"shape at each position, and a Module's names): pass them all (one without a gradient counts "
+                         f"as zeros), not only those with a gradient on this rank, in one order (a ModuleDict filled "
+                         f"from a set is ordered by each process's string hashes)")
     if op == "sum" and sample != bytes(32) and all(value[32:] == sample for value in digests):
         raise ValueError(f"all_reduce_gradients(op='sum') of gradients that are the same on all {len(digests)} ranks "
                          f"({SAMPLED} values spread over them, bit for bit): reduced already (a DDP model's "
