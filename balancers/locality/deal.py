@@ -398,6 +398,9 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
     """
     waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
+    most = None  # one cost, exact sums, no cap: the most copies of the cost within the bound (`_deal` in counts)
+    if state.exact_cost is not None and state.cap == np.inf:
+        most = int(_last_multiple(state.exact_cost, np.array([state.target - margin]), 2**62)[0])
     order = None  # the ranks by (load, rank): sorted for the first LPT round, then kept through the rounds
     lpt_rounds = 0
     while waiting.size:
@@ -419,7 +422,7 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
         keeping = np.arange(width)
         if order is not None:
             keeping = np.flatnonzero(_first_kept(state, waiting[:width], ranks, margin))
-        kept = _deal(state, waiting, count, width, keeping, ranks[keeping], margin) if keeping.size else None
+        kept = _deal(state, waiting, count, width, keeping, ranks[keeping], margin, most) if keeping.size else None
         if kept is None or not kept[0].size:  # the deal keeps nothing
             order = ranks_by_load(state.loads, integer=False) if order is None else order
             lpt_rounds += 1

@@ -25,17 +25,24 @@ STREAK_KEEPERS = 8  # a streak makes the deal rounds in which at most this many 
 
 
 def _deal(state: PartialPlan, waiting: np.ndarray, count: int, width: int, keeping: np.ndarray, ranks: np.ndarray,
-          margin: float) -> tuple[np.ndarray, np.ndarray]:
+          margin: float, most: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The first `count` waiting items dealt round robin to `width` ranks, of which those at `keeping`
     (`ranks` theirs) keep the longest prefix of their deal that fits (summed cost a hair short of the
     target, tokens within the cap); returns the kept items' indices in `waiting`, pass by pass, and
-    their ranks."""
+    their ranks.  `most`, where every item costs the same, every sum of costs is exact (`PartialPlan.exact_cost`)
+    and no cap binds: the most copies of the cost within target - margin; a rank holding m of them then keeps the
+    first most - m of its deal, the same prefix read without the items' costs and running sums."""
     index = keeping + width * np.arange(-(-count // width))[:, None]  # every keeping rank's deal, pass by pass
     inside = index < count
-    items = waiting[np.where(inside, index, 0)]
-    fits = state.loads[ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0) <= state.target - margin
-    if state.cap < np.inf:
-        fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0) <= state.cap
+    if most is not None:
+        held = np.rint(state.loads[ranks] / state.exact_cost).astype(np.int64)
+        fits = np.arange(index.shape[0])[:, None] < most - held
+    else:
+        items = waiting[np.where(inside, index, 0)]
+        fits = (state.loads[ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0)
+                <= state.target - margin)
+        if state.cap < np.inf:
+            fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0) <= state.cap
     passes, columns = np.nonzero(fits & inside)  # running sums only grow: a prefix of every rank's deal
     return index[passes, columns], ranks[columns]
 
