@@ -110,14 +110,22 @@ def _has_header(first: list[str], where: str, column: str | None) -> bool:
         raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); "
                          f"{expected}")
     odd = next(field for field in first if field != column and not _is_column_name(field))
-    numbers = re.split(r"[\s;|]+", _as_seen(odd))  # `5 6`, `5;6`: lengths not separated by commas
-    if len(numbers) > 1 and all(map(_is_number, numbers)):
-        raise UsageError(f"{where}: {expected}, got {SHORT.repr(odd)} ({len(numbers)} numbers separated by "
-                         f"something other than a comma: one length per line, or fields separated by commas)")
+    if separated := _not_by_commas(odd):
+        raise UsageError(f"{where}: {expected}, got {SHORT.repr(odd)}{separated}")
     mistyped = _is_number(_as_seen(odd).translate(DIGIT_LOOKALIKES))  # `8l2`: fix the length, not name a column
     hint = "" if column is not None or mistyped else f"; --column {shlex.quote(odd)} takes line 1 as the header"
     raise UsageError(f"{where}: {expected}, got {SHORT.repr(odd)} (a column name may not start with a digit, '+', "
                      f"'-' or '.', nor read as a number with O, o, I or l for 0 and 1, as a mistyped 8l2 does{hint})")
+
+
+def _not_by_commas(text: str) -> str:
+    """A note where `text` is numbers separated by something other than a comma (`5 6`, `5;6`, `1\t5`: a
+    spreadsheet's CSV in a locale whose separator is ';', a tab-separated file), else ''."""
+    numbers = re.split(r"[\s;|]+", _as_seen(text).strip())
+    if len(numbers) < 2 or not all(map(_is_number, numbers)):
+        return ""
+    return (f" ({len(numbers)} numbers separated by something other than a comma: one length per line, or fields "
+            f"separated by commas)")
 
 
 SHORT = reprlib.Repr()  # a long header in one line of an error: its first names, and every name cut short
@@ -181,7 +189,10 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
     for number, row in rows:
         if len(row) != width:
             raise UsageError(f"{path}:{number}: expected {width} comma-separated fields, got {len(row)}")
-        lengths.append(_parse_length(row[index], f"{path}:{number}"))
+        try:
+            lengths.append(_parse_length(row[index], f"{path}:{number}"))
+        except UsageError as error:  # `1;5` under a header `id;length`, read as one column (probe55)
+            raise UsageError(f"{error}{_not_by_commas(row[index]) if width == 1 else ''}") from None
     return lengths
 
 
