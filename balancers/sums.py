@@ -21,6 +21,14 @@ def integer_values(values: np.ndarray) -> np.ndarray | None:
     return integers if bool(np.all(integers == values)) else None
 
 
+def rounding_unit(costs: np.ndarray) -> float:
+    """The grid a plan's offsets are rounded to: 2**-30 of the binade of the largest of `costs` (sorted descending),
+    never below the smallest subnormal (a tiny cost would round it to 0), and 1 where the costs are integers."""
+    top = float(costs[0]) if costs.size else 0.0
+    unit = math.ldexp(1.0, max(math.frexp(top)[1] - 30, -1074))
+    return 1.0 if unit < 1 and integer_values(costs) is not None else unit
+
+
 def integer_sum(integers: np.ndarray) -> int:
     """The exact sum of non-negative int64 `integers`, as a Python int (no overflow).
 

@@ -120,7 +120,7 @@ def _fail(plan: MicroBatchPlan, message: str) -> None:
                          f"{plan.num_microbatches} micro-batches): {message}")
 
 
-def _check_pipeline_step(plan: MicroBatchPlan, loads: np.ndarray, first_stage_costs) -> None:
+def _check_pipeline_step(plan: MicroBatchPlan, loads: np.ndarray, item_costs: np.ndarray, first_stage_costs) -> None:
     """`plan.pipeline` against the event simulation (`replica_step`) of every replica's cells (load + overhead, in
     micro-batch order; with `first_stage_costs`, the items' first-stage parts summed per cell)."""
     step = plan.pipeline
@@ -144,8 +144,20 @@ def _check_pipeline_step(plan: MicroBatchPlan, loads: np.ndarray, first_stage_co
         _fail(plan, f"pipeline step time {step.step_time} is not the slowest replica's {reported.max(initial=0.0)}")
     if not 0 <= step.lower_bound <= step.step_time:
         _fail(plan, f"pipeline lower bound {step.lower_bound} is not in [0, step time {step.step_time}]")
-    if wrong_status(step.status) or (step.status is Status.OPTIMAL) != (step.step_time == step.lower_bound):
+    meet = step.step_time == step.lower_bound
+    if wrong_status(step.status) or (step.status is Status.OPTIMAL and not meet) or (
+            meet and step.status is not Status.OPTIMAL and _simulated_exactly(plan, item_costs)):
         _fail(plan, f"pipeline status {step.status!r} with step time {step.step_time} and bound {step.lower_bound}")
+
+
+def _simulated_exactly(plan: MicroBatchPlan, item_costs: np.ndarray) -> bool:
+    """Whether the pipeline step's float rounding (~4·(M + P·v) sums of ~step·eps) stays below the least time a piece
+    of work spends on a stage: only then may step and bound not meet by rounding, and the plan must say `optimal`
+    where they meet (the planners' documented rule, probe32 P32-01)."""
+    pipeline, costs = plan.pipeline.pipeline, np.append(item_costs, plan.microbatch_overhead)
+    chunks, k = pipeline.stages * pipeline.virtual_stages, pipeline.backward_factor
+    least = float(costs[costs > 0].min(initial=math.inf)) * min(1.0, k) / (chunks * (1.0 + k))
+    return plan.pipeline.step_time * 4 * (plan.num_microbatches + chunks) * np.finfo(np.float64).eps < least
 
 
 def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tokens_per_microbatch: int, *,
@@ -158,7 +170,8 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
     Σ_m max_r load + M · overhead; 0 <= bound <= step cost; `optimal` iff they are equal.
     With `plan.pipeline`: every replica's time is the event simulation of its cells (`replica_step`; pass the
     items' `first_stage_costs` when the plan was made with them), the step their max, 0 <= bound <= step,
-    `optimal` iff they are equal.
+    `optimal` only if they are equal, and wherever they are unless float rounding at the step's scale could make
+    them meet (the planners' rule).
     Against `optimum` (at the plan's M): step cost >= optimum >= bound, equal when optimal.
 
     >>> from orchmllm import balance_microbatches
@@ -181,8 +194,9 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
         if outside.size:
             _fail(plan, f"item {outside[0]} has {name} {values[outside[0]]}, outside [0, {limit})")
     cell = plan.microbatch * num_ranks + plan.rank
-    loads, tokens = (a.reshape(m, num_ranks) for a in _cell_accounts(
-        cell[None, :], m * num_ranks, lengths, _item_costs(lengths, cost, costs), padded))
+    item_costs = _item_costs(lengths, cost, costs)
+    loads, tokens = (a.reshape(m, num_ranks) for a in _cell_accounts(cell[None, :], m * num_ranks, lengths,
+                                                                      item_costs, padded))
     for name, recomputed, reported in (("cell loads", loads, plan.cell_loads), ("cell tokens", tokens,
                                                                                 plan.cell_tokens)):
         if np.shape(reported) != (m, num_ranks) or np.any(np.asarray(reported) != recomputed):
@@ -201,7 +215,7 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
     if (plan.status is Status.OPTIMAL) != (step == plan.lower_bound):
         _fail(plan, f"status {plan.status} with step cost {step} and bound {plan.lower_bound}")
     if plan.pipeline is not None:
-        _check_pipeline_step(plan, loads, first_stage_costs)
+        _check_pipeline_step(plan, loads, item_costs, first_stage_costs)
     if optimum is None:
         return
     if optimum.num_microbatches != m:

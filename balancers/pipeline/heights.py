@@ -39,7 +39,7 @@ import numpy as np
 
 from ..kernels.lpt import greedy_from
 from ..microbatch.plan import MicroBatchProblem, cell_loads, cell_token_sums
-from ..problem import integer_values
+from ..sums import rounding_unit
 from .spec import Pipeline
 
 RAISES, SECANTS = 8, 3  # the step tried above the bound: doubled from 1/256 of it, then that bracket narrowed
@@ -151,10 +151,7 @@ def _filled(problem: MicroBatchProblem, m: int, p: int, runs: tuple) -> tuple | 
     fill += np.clip(left[:, None] - np.cumsum(free, axis=1) + free, 0.0, free)
     fill = np.concatenate([fill, np.full((d - count, m), level)]).T.ravel()  # cell k·D + r
     open_ = np.flatnonzero(fill > 0)  # the others take no light item
-    top = float(costs[0])
-    unit = 2.0 ** (np.frexp(top)[1] - 30)
-    if unit < 1 and integer_values(costs) is not None:
-        unit = 1.0
+    unit = rounding_unit(costs)
     start = np.round((float(fill.max()) - fill[open_]) / unit) * unit
     greedy = greedy_from(costs[heavy:], open_.size, np.arange(costs.size - heavy), start, problem.lengths)
     if greedy is None:

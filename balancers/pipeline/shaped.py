@@ -12,7 +12,8 @@ import numpy as np
 from ..kernels.lpt import greedy_from, greedy_prefix
 from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_token_sums
-from ..problem import integer_values, token_sums
+from ..problem import token_sums
+from ..sums import rounding_unit
 from .profile import best_profile, pinned_scales
 from .spec import Pipeline
 
@@ -29,9 +30,7 @@ def _layout(problem: MicroBatchProblem, m: int, pipeline: Pipeline, mean: float)
     shape = best_profile(pipeline, m)[1]
     offsets = mean * (shape.max() - shape)
     top = float(problem.sorted_costs[0]) if problem.num_items else 0.0
-    unit = 2.0 ** (np.frexp(top)[1] - 30)
-    if unit < 1 and integer_values(problem.sorted_costs) is not None:
-        unit = 1.0
+    unit = rounding_unit(problem.sorted_costs)
     offsets = np.round(offsets / unit) * unit
     base = 2.0 * top if top > 0 else 1.0
     return offsets, unit, base, np.lexsort((np.arange(m), -(base + offsets)))

@@ -1,0 +1,30 @@
+"""Pipeline plans of subnormal costs (probe53 N2): the offsets' rounding unit stays a positive float, so planning
+leaks no numpy RuntimeWarning (it underflowed to 0 and divided by it)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from orchmllm import Pipeline, balance_microbatches
+from orchmllm.balancers.sums import rounding_unit
+from orchmllm.testing import check_microbatch_plan
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_subnormal_costs_plan_without_warnings(schedule):
+    lengths = list(range(10, 250, 10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = balance_microbatches(lengths, 2, costs=[5e-324] * len(lengths), max_tokens_per_microbatch=400,
+                                    num_microbatches=4, pipeline=Pipeline(stages=2, schedule=schedule,
+                                                               virtual_stages=1 if schedule == "1f1b" else 2))
+    check_microbatch_plan(plan, lengths, 2, 400, costs=[5e-324] * len(lengths))
+
+
+
+def test_rounding_unit():
+    assert rounding_unit(np.array([5e-324])) == 5e-324
+    assert rounding_unit(np.array([3.0, 1.0])) == 1.0  # integers: never below 1
+    assert rounding_unit(np.array([0.75, 0.5])) == 2.0 ** -30
+    assert rounding_unit(np.array([2.0**40, 1.0])) == 2.0 ** 11
