@@ -31,6 +31,8 @@ def free_blocks(taken: np.ndarray, degree: int, gpus_per_node: int, allow_inter_
     count = taken.size // degree
     starts = np.arange(count, dtype=np.int64) * degree
     free = ~taken[: count * degree].reshape(count, degree).any(axis=1)
+    if gpus_per_node % degree == 0:  # every aligned block lies inside a node
+        return starts[free]
     inside = within_node(starts, degree, gpus_per_node)
     if not allow_inter_node:
         return starts[free & inside]

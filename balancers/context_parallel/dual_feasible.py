@@ -41,11 +41,11 @@ def _pieces(lengths: np.ndarray, degree: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _floor_sums(sizes: np.ndarray, counts: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Σ count · ⌊size / x⌋ over the pieces (`sizes` ascending), at every threshold `x` (>= 1)."""
+    """Σ count · ⌊size / x⌋ over the pieces (`sizes` ascending), at every threshold `x` (>= 1, ascending)."""
     at_least = np.empty(sizes.size + 1, dtype=np.int64)  # pieces >= sizes[k]
     at_least[-1] = 0
     np.cumsum(counts[::-1], out=at_least[-2::-1])
-    multiples = np.arange(1, int(sizes.max(initial=0)) // int(x.min()) + 1)
+    multiples = np.arange(1, (int(sizes[-1]) if sizes.size else 0) // int(x[0]) + 1)  # both ascending
     return at_least[np.searchsorted(sizes, x[:, None] * multiples[None, :])].sum(axis=1)
 
 
@@ -58,9 +58,11 @@ def cannot_lay_out(lengths: np.ndarray, num_ranks: int, degrees: np.ndarray, bud
     lengths = lengths[lengths > widest * (least - 1)]  # the others' shards are below every threshold
     if int(lengths.max(initial=0)) > widest * budget:  # an item no degree fits
         return True
-    fits = lengths[:, None] <= degrees * budget  # ⌈l / c⌉ <= T
-    alone = (-(-lengths // widest) * 2 > budget) & (fits.sum(axis=1) > 1)  # minimised over their degrees
-    sizes, counts = _pieces(lengths[~alone], widest)
+    fits, alone = None, None
+    if int(lengths.max(initial=0)) > widest * (budget // 2):  # some shard at the widest degree holds over T / 2
+        fits = lengths[:, None] <= degrees * budget  # ⌈l / c⌉ <= T
+        alone = (-(-lengths // widest) * 2 > budget) & (fits.sum(axis=1) > 1)  # minimised over their degrees
+    sizes, counts = _pieces(lengths if alone is None else lengths[~alone], widest)
     keep = np.flatnonzero((counts > 0) & (sizes >= least))
     order = keep[np.argsort(sizes[keep])]  # ascending: the sums' searches and the thresholds read them sorted
     sizes, counts = sizes[order], counts[order]
@@ -73,7 +75,7 @@ def cannot_lay_out(lengths: np.ndarray, num_ranks: int, degrees: np.ndarray, bud
     if small < sizes.size:
         units += int(counts[small:].sum()) * (budget // x) - _floor_sums(budget - sizes[small:][::-1],
                                                                          counts[small:][::-1], x)
-    if alone.any():
+    if alone is not None and alone.any():
         units = units + _least_units(lengths[alone], degrees, fits[alone], budget, x)
     return bool((units > num_ranks * (budget // x)).any())
 

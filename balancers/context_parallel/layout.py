@@ -60,8 +60,9 @@ def shard_tokens(lengths, degree) -> np.ndarray:
 def shards_of(lengths: np.ndarray, degree: int) -> np.ndarray:
     """`shard_tokens` of int64 `lengths` (1-D, non-negative) at an int degree >= 1, unchecked: for solvers whose
     lengths a `Problem` has checked (the local search asks once per move)."""
-    sizes = _chunks(lengths, degree)
-    return sizes[:, :degree] + sizes[:, ::-1][:, :degree]
+    quotient, remainder = np.divmod(lengths, 2 * degree)  # rank k holds chunks k and 2c - 1 - k (`_chunks`)
+    rank = np.arange(degree)[None, :]
+    return 2 * quotient[:, None] + (rank < remainder[:, None]) + (rank >= 2 * degree - remainder[:, None])
 
 
 def shard_positions(length, degree, group_rank) -> np.ndarray:
