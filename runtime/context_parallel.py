@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from ..balancers.context_parallel.layout import chunk_sizes, shard_positions
-from ..balancers.validation import as_bool, as_int, is_int
+from ..balancers.validation import as_bool, as_index, as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
 from .comm import group_rank, group_size
 from .cp_rows import ContextParallelError, agree_rows, row_schema
@@ -173,6 +173,8 @@ class ContextParallelLayout:
         """Rank `rank`'s layout (of `world_size` ranks of `group`) from a plan every rank already agreed on
         (the dispatcher's: the groups, degrees and chunks ride in the plan word its exchange checks on
         every rank): checked here, no collective."""
+        world_size = as_int(world_size, "world_size", minimum=1)  # (probe55: rank 3 of 2 and 0 ranks were taken)
+        rank = as_index(rank, "rank", world_size, "world_size")
         sequences, splits = _checked(rank, world_size, sequences, splits)
         return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group)
 

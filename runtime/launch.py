@@ -240,6 +240,9 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     """
     if not is_int(world_size) or world_size < 1:
         raise ValueError(f"`world_size` must be a positive int; got {world_size!r}")
+    if not callable(fn) or not isinstance(args, (tuple, list)):  # else every rank reported the TypeError (probe55)
+        raise TypeError(f"`fn` must be callable and `args` a tuple (fn(rank, world_size, *args)); got "
+                        f"{type(fn).__name__} and {type(args).__name__}")
     timeout_s, collective_timeout_s = _seconds(timeout_s, "timeout_s"), _seconds(collective_timeout_s,
                                                                                   "collective_timeout_s")
     _check_start_method(fn, args, start_method)
