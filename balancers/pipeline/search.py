@@ -31,7 +31,9 @@ stops once the step is at most `floor`, the larger of the certified lower bound 
 is left to gain is less than that: at D = 2560 a step lowers one of thousands of near-tied replicas, the whole
 search < 0.15 % for more time than the plain planning) and the certified bound itself (no plan is faster),
 when WINDOW steps in a row lowered the step (the max) by less than WINDOW_GAIN of it, or at a window's start
-when that is certain (the (WINDOW + 1)-th largest time is already within WINDOW_GAIN of the max), and behind a
+when that is certain (the (WINDOW + 1)-th largest time is already within WINDOW_GAIN of the max), after a step
+where the L steps the budget left buys at the charge of those made can lower the step by at most L·LEFT_RATE of it
+(and STOP_GAP in all: the (L + 1)-th largest time is that close to the max), and behind a
 `rival` (a step the caller found already) at a window's end where the window's gain, kept up for the budget
 left, stays above it, or at its start and a window's end where the steps the budget left buys cannot bring it
 level (`CellSearch._out_of_reach`).
@@ -63,6 +65,8 @@ STOP_GAP = 0.005  # seeds 1-2 of bench_pipeline's grid: the largest of 0.002/0.0
 SUMS_DRIFT = 1e-9  # far above how far float sums and walks lie from the exact times (relative)
 MOVE_ROWS = 2**16  # a step's move rows at most (D = 2560 x 32, M = 16: ~2000), else it tries swaps alone
 WALK_ENTRIES = 2**22  # rows timed at once hold at most this many operations (`_timed`: 32 MB a float array)
+LEFT_RATE = 1e-4  # a run's least mean gain a step (D = 2560 x 32, M = 16, seeds 300-309: 1F1B runs of up to 32 steps,
+# 37 ms, where the budget left could gain <= 0.8e-4 a step; held out: seeds 390-409, D 64/512)
 STAGED_ROWS = 512  # moves kept a step above which one item's are timed first (`_landed`: a walk's own cost ~700 rows)
 
 
@@ -106,13 +110,15 @@ class CellSearch:
                                                for start in range(0, count, size)])
 
     def run(self) -> None:
-        """Improve until no step gains, the budget is spent, the step is at most the floor, or
+        """Improve until no step gains, the budget is spent, the step is at most the floor,
         WINDOW steps lowered the step by less than WINDOW_GAIN (many replicas tied at the top: each step
-        lowers one)."""
-        steps, mark, spent = 0, float(self.times.max()), self.work
+        lowers one), or after a step, the steps the budget left buys can gain little (`_little_left`)."""
+        steps, mark, spent, begun = 0, float(self.times.max()), self.work, self.work
         if self._out_of_reach():
             return
         while self.work > 0 and float(self.times.max()) > self.floor:
+            if steps and self._little_left(steps, begun):
+                return
             steps += 1
             if steps % WINDOW == 0:
                 if float(self.times.max()) > mark * (1 - WINDOW_GAIN) or self._hopeless(mark, spent) or \
@@ -123,6 +129,17 @@ class CellSearch:
                 return
             if not self._step(int(np.argmax(self.times))):
                 return
+
+    def _little_left(self, steps: int, begun: int) -> bool:
+        """Whether the steps the budget left buys (L, at the mean charge of the `steps` made since the budget was
+        `begun`) can lower the step by at most L·LEFT_RATE of it, and STOP_GAP in all: a step lowers one replica and
+        raises none above the old max, so after L steps the max is at least the (L + 1)-th largest time now."""
+        bought, size = -(-max(self.work, 0) * steps // max(begun - self.work, 1)), self.times.size
+        if bought >= size:
+            return False
+        top = float(self.times.max())
+        return top - float(np.partition(self.times, size - bought - 1)[size - bought - 1]) <= \
+            top * min(STOP_GAP, bought * LEFT_RATE)
 
     def behind(self) -> bool:
         """Whether the step is above `rival` by more than SUMS_DRIFT (the planner drops such a search)."""
