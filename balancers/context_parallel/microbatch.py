@@ -341,7 +341,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         cells = (lengths, num_ranks, spec, budget, overhead, num_microbatches or m, ordered, table,
                  -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
         alone = best is None and repaired is None and pending is None and num_microbatches is None
-        defer = min(ahead) if ahead else None  # a fixed M too: it has no repaired plan, the best alone is ahead
+        defer = min(ahead) if ahead and num_microbatches is None else None
         found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer,
                                       refuse=not alone and best is None and pending is None,
                                       packed=best is None or defer == best.step_cost)  # the floor's value unused
