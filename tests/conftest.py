@@ -25,9 +25,10 @@ EARLY = pytest.StashKey[dict]()
 EARLY_TIMEOUT = 300
 """Seconds an `early` command may run unless its module says otherwise."""
 BACKGROUND = "background tests"
-"""The `early` command a module need not write: its tests marked `background` (those bound by rank starts or by
-timeouts they wait out) that will run, one after another in one process (`run_background`); each test, in this
-process, reads its own outcome instead of running its body (`pytest_pyfunc_call`)."""
+"""The `early` command a module need not write: its tests marked `background` (long ones: rank starts, timeouts
+waited out, long in-process searches, which then run on the core this process leaves idle) that will run, one
+after another in one process (`run_background`); each test, in this process, reads its own outcome instead of
+running its body (`pytest_pyfunc_call`).  Such a test must not depend on what other tests leave behind."""
 BACKGROUND_TIMEOUT = 2 * EARLY_TIMEOUT
 """Seconds a module's background tests may take together (each of them bounds its own ranks' waits)."""
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # after collection and every deselection (-k, -m, --lf, stepwise): the run's items
 def pytest_runtestloop(session):
     """Start the `early` commands of the tests that will run, one at a time in their tests' order, on a thread of
-    this process: each is a process importing torch and running ranks, which then runs on the core this process
+    this process: each is a process (ranks, a module's background tests), which then runs on the core this process
     leaves idle through the tests before it, instead of at its test with this process waiting.  None starts for a
     test skipped by a marker, under --collect-only or --benchmark-only."""
     config = session.config

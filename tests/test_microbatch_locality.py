@@ -130,6 +130,7 @@ def test_regression_token_tight_cells_ran_out_of_token_room_without_wide_items_f
     assert keep_cells_local(problem, result, m, Origins(sources, lengths * 1.0, GPUS_PER_NODE)) is not None
 
 
+@pytest.mark.background
 @settings(max_examples=40, deadline=None)
 @given(located_items(st.sampled_from([Topology(1, 2), Topology(2, 2), Topology(2, 4), Topology(3, 2)]),
                      st.lists(st.integers(1, 60), min_size=1, max_size=48)), st.sampled_from([60, 90, 200]))
@@ -316,6 +317,7 @@ def test_regression_the_filler_was_dealt_where_the_repairs_certificate_already_p
                                                                   GPUS_PER_NODE)) is None
 
 
+@pytest.mark.background
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["long_tail", "code", "chat"]), st.sampled_from([(8, 8), (16, 8), (16, 16)]),
        st.sampled_from([1024, 2048, 4096]), st.integers(0, 2**20), st.sampled_from([1, 2, 4]))

@@ -39,6 +39,7 @@ def one_microbatch_plans(max_items=60):
     return cell_plans(max_items, max_microbatches=1).map(lambda plan: plan[:2])
 
 
+@pytest.mark.background
 @settings(max_examples=400, deadline=None)
 @given(cell_plans(), st.integers(0, 35), st.sampled_from([1 << 18, 1, 40]))
 def test_property_the_search_step_is_the_textbook_best_change(plan, cell, row_chunk):
@@ -57,6 +58,7 @@ def test_property_the_search_step_is_the_textbook_best_change(plan, cell, row_ch
                                                num_microbatches, problem.max_tokens_per_microbatch, cell)
 
 
+@pytest.mark.background
 @settings(max_examples=200, deadline=None)
 @given(one_microbatch_plans(max_items=40), st.integers(1, 400_000), st.floats(0.9, 1.1))
 def test_property_a_search_proven_to_end_above_a_cost_does(plan, budget, scale):
@@ -85,6 +87,7 @@ def plan_as_before(problem):
     return plain
 
 
+@pytest.mark.background
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["image_qa", "audio_qa", "asr", "speech"]), st.integers(16, 64), st.integers(4, 8),
        st.integers(0, 3), st.integers(150_000, 1_000_000))

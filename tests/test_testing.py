@@ -161,6 +161,7 @@ def test_problems_reach_roomy_tight_and_infeasible_caps_and_heavy_tails():
 
 # -- check_conformance on every registered algorithm ------------------------------------
 
+@pytest.mark.background
 @pytest.mark.parametrize("name", NAMES)
 def test_every_registered_algorithm_conforms(name):
     """Every property but the process check, which `test_every_registered_algorithm_plans_alike_in_other_processes`
@@ -482,6 +483,7 @@ def test_regression_a_kernel_defined_in_main_failed_the_process_check_with_a_pic
 
 # -- the micro-batch suite -----------------------------------------------------------------
 
+@pytest.mark.background
 @pytest.mark.parametrize("name", [record.name for record in microbatch_algorithms(kind="ours")])
 def test_every_microbatch_algorithm_of_ours_conforms(name):
     report = check_microbatch_conformance(name, examples=15, processes=name == "auto")

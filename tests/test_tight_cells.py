@@ -38,6 +38,7 @@ def packings(draw):
     return lengths, budget, draw(st.integers(1, 4)), draw(st.integers(1, 6))
 
 
+@pytest.mark.background
 @settings(max_examples=300, deadline=None)
 @given(packings())
 def test_property_runs_make_the_loops_choices(packing):
@@ -46,6 +47,7 @@ def test_property_runs_make_the_loops_choices(packing):
                             num_microbatches)
 
 
+@pytest.mark.background
 @settings(max_examples=200, deadline=None)
 @given(packings(), st.lists(st.integers(1, 8), min_size=2, max_size=5))
 def test_property_the_packing_kept_for_one_m_makes_the_loops_choices_for_every_other(packing, counts):
@@ -83,6 +85,7 @@ def long_and_middle(draw):
     return lengths, budget, draw(st.integers(1, 4)), draw(st.integers(1, 30))
 
 
+@pytest.mark.background
 @settings(max_examples=300, deadline=None)
 @given(long_and_middle())
 def test_property_items_over_a_third_of_the_budget_make_the_loops_choices(packing):
@@ -101,6 +104,7 @@ def classes(draw):
     return lengths, budget, draw(st.integers(1, 4)), draw(st.integers(1, 40))
 
 
+@pytest.mark.background
 @pytest.mark.parametrize("matched, rounds, unsure",
                          [(0, 8, 16), (2, 8, 16), (6, 8, 16), (6, 1, 16), (6, 8, 0), (12, 3, 4)],
                          ids=["runs only", "two classes", "default", "one window", "sure counts only",
