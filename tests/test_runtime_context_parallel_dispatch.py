@@ -131,6 +131,7 @@ def relative_error(got, expected):
     return difference / scale if scale else difference
 
 
+@pytest.mark.background
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("step", [2, 4, "micro-batched"])
 def test_split_items_through_the_dispatcher_train_as_the_unsplit_reference(step, wrapper):
@@ -230,6 +231,7 @@ def random_plans_job(rank, size, seed, count):
     return problems, per_plan
 
 
+@pytest.mark.background
 @pytest.mark.parametrize("size, count", [(2, 400), (3, 300), (5, 200), (8, 100)])  # 1000 plans (issue 27)
 def test_random_plans_lose_no_token_and_run_the_same_collectives(size, count):
     results = spawn(random_plans_job, size, args=(size, count), timeout_s=300)

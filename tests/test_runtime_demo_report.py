@@ -103,6 +103,7 @@ def rounding_job(rank, size):
     return differences, gradient_terms(routes.batch)
 
 
+@pytest.mark.background
 def test_regression_float32_gradient_check_had_a_thin_margin():
     """Cause: a fixed float32 tolerance of 1e-6 against rounding differences of 4e-7 to 7.6e-7 on
     the demo's step (an exit 1 now and then).  The tolerance derived from float32 rounding and
@@ -209,6 +210,7 @@ def encoder_and_llm_works(dtype):
              work("llm", [250], config.llm_hidden)]]
 
 
+@pytest.mark.background
 def test_a_round_in_lockstep_runs_every_stage_as_a_whole_would():
     """Segment by segment, every work's forward then every backward in reverse: the parameters'
     gradients are the whole stages' (bit-identical for one work; up to the order of the sums for several)."""
@@ -250,6 +252,7 @@ def calibration_job(rank, size):
     return {name: (c.per_item, c.linear, c.quadratic) for name, c in costs.items()}, errors
 
 
+@pytest.mark.background
 def test_calibration_batches_are_rank_sized_and_rank_0_fits_the_same_models_for_every_rank():
     data = SyntheticMultimodal(ModelConfig(), 4, 0)
     batches = calibration_batches(data, 12, seed=3)

@@ -206,6 +206,7 @@ def scenarios_reference():
     return reference([sample for rank in range(4) for sample in rank_samples(rank)])
 
 
+@pytest.mark.background
 @pytest.mark.parametrize("wrapper", [None, "ddp", "fsdp2"], ids=["hand all-reduce", "ddp", "fsdp2"])
 def test_videos_split_between_frames_train_as_the_unsplit_single_process_step(wrapper):
     results = spawn(scenarios_job, 4, args=(wrapper,), timeout_s=300)
@@ -254,6 +255,7 @@ def random_job(rank, size, seeds):
             for options in RANDOM_OPTIONS]
 
 
+@pytest.mark.background
 def test_random_steps_with_videos_split_between_frames_train_as_the_unsplit_step():
     """3 ranks, random videos (empty ranks, several videos a sample, two parts of one video on one rank),
     plain and context-parallel micro-batched."""
