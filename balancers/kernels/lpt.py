@@ -12,9 +12,9 @@ The unpadded kernel gives the bit-identical assignment of that heap loop, but pl
 items a round at a time with numpy: with ranks sorted by (load, rank) and the next
 items sorted by cost, the k-th item goes to the k-th rank exactly when that rank stays
 ahead of every rank already topped up in the round (checked, ties included); the first
-item where that fails starts the next round.  A round that places fewer than D/8 items
-is redone as D steps of a heap, so the whole stays O(n log D); below 32 ranks, where
-rounds hold only a few items, the heap loop runs alone.  Integer costs sort as
+item where that fails starts the next round.  A round that places fewer than D/8 items (D/16
+of float costs over 4096 ranks) is redone as D steps of a heap, so the whole stays O(n log D);
+below 32 ranks, where rounds hold only a few items, the heap loop runs alone.  Integer costs sort as
 unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts; when
 every load stays exact (below 2**53 once the costs' common power of two is divided out),
 each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
@@ -306,6 +306,8 @@ _SORT_KIND = "stable"
 _START_SORT = 4
 _FRONT_SHARE = 4  # a round reading at most a quarter of the keys sorts those alone (`_front_sorted`)
 _ROUNDS_FROM_RANKS = 32  # below, one heap loop is faster (50 000 items on 4 ranks: 18 ms vs 145 ms)
+# A float round over 4096 ranks is redone as a heap only below 1/16 of them placed: a heap step costs 1.6-4.9 µs there,
+_WIDE_ROUND, _WIDE_HEAP_SHARE = 4096, 16  # a round 40-190 ns a rank (D = 2560 x 32, M 32, seed 5's LPT: 210 -> 20 ms)
 
 
 def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
@@ -404,7 +406,7 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, 
             assignment[order[position:]] = ranks[0]
             break
         placed = round_length(loads[ranks], ranks, chunk, integer)
-        if 8 * placed < stop - position:
+        if (_WIDE_HEAP_SHARE if num_ranks > _WIDE_ROUND else 8) * placed < stop - position:
             _heap_round(loads, chunk, order[position:stop], assignment)
             position = stop
             continue
