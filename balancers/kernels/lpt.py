@@ -12,9 +12,9 @@ The unpadded kernel gives the bit-identical assignment of that heap loop, but pl
 items a round at a time with numpy: with ranks sorted by (load, rank) and the next
 items sorted by cost, the k-th item goes to the k-th rank exactly when that rank stays
 ahead of every rank already topped up in the round (checked, ties included); the first
-item where that fails starts the next round.  A round that places fewer than D/8 items (D/16
-of float costs over 4096 ranks) is redone as D steps of a heap, so the whole stays O(n log D);
-below 32 ranks, where rounds hold only a few items, the heap loop runs alone.  Integer costs sort as
+item where that fails starts the next round.  A round that places fewer than D/8 items (over 4096
+ranks D/16 of float costs, D/64 on integer keys) is redone as D steps of a heap, so the whole stays
+O(n log D); below 32 ranks, where rounds hold only a few items, the heap loop runs alone.  Integer costs sort as
 unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts; when
 every load stays exact (below 2**53 once the costs' common power of two is divided out),
 each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
@@ -32,13 +32,13 @@ import contextlib
 import contextvars
 import functools
 import heapq
-import weakref
 
 import numpy as np
 
 from ..bounds import cap_refusal
 from ..problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit, integer_values, rank_tokens,
                        read_only, sorted_order)
+from .last_units import LastUnits as _LastUnits, same_memory  # `_LastUnits`: the tests' name
 
 
 def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
@@ -160,61 +160,6 @@ def _sums_exact(sorted_costs: np.ndarray, total: float, num_ranks: int, start: n
     return most < 2.0**53 and most * 2.0**shift < 2.0**62
 
 
-class _LastUnits:
-    """What was made last of some read-only arrays (`_key_steps`: the integer form of sorted costs, their int64
-    values, bits, float total and the steps of one shift; `_greedy_sorted`: its LPT plan), for the next call over
-    the same memory: the pipeline planner's shaped LPT (`greedy_from`) runs over the sorted costs and cost order
-    (a problem's kept orders, `orders.sealed`: views of read-only owners) that the plain planner's LPT used just
-    before.  One entry, replaced whole (a thread sees the old or the new one, each array checked against its
-    owner and place in it), dropped with any of its owners; read by the first of its arrays (the plan by its sorted
-    costs, which the plain planner's canonical item order shares, `auto.in_canonical_order`), the rest still
-    read-only."""
-
-    def __init__(self):
-        self.entry = None
-
-    def get(self, *arrays: np.ndarray) -> tuple | None:
-        """What was kept for these arrays, the first of those it was kept for (the rest still read-only), or None."""
-        entry = self.entry
-        if entry is None or len(entry[0]) < len(arrays):
-            return None
-        for index, (reference, place) in enumerate(zip(*entry[:2])):
-            owner = reference()
-            # an owner of its memory may be made writeable again (and written): then the entry is stale
-            if owner is None or owner.flags.writeable:
-                return None
-            if index < len(arrays) and not _same_memory(arrays[index], owner, place):
-                return None
-        return entry[2]
-
-    def keep(self, arrays: tuple, units) -> None:
-        """`units()` kept for these arrays where they are read-only (made only then)."""
-        memories = [_memory(array) for array in arrays]
-        if all(isinstance(owner, np.ndarray) and not (array.flags.writeable or owner.flags.writeable)
-               for array, (owner, _) in zip(arrays, memories)):
-            self.entry = (tuple(weakref.ref(owner, self._forget) for owner, _ in memories),
-                          tuple(place for _, place in memories), units())
-
-    def _forget(self, reference) -> None:
-        entry = self.entry
-        if entry is not None and any(kept is reference for kept in entry[0]):
-            self.entry = None
-
-
-def _same_memory(array: np.ndarray, other: np.ndarray, place: tuple | None = None) -> bool:
-    """Whether `array` lies where `other` does (`place`: where in `other`, the owner, it lies; else `other`'s own)."""
-    owner, where = _memory(array)
-    if place is None:
-        other, place = _memory(other)
-    return owner is other and where == place
-
-
-def _memory(array: np.ndarray) -> tuple[np.ndarray, tuple]:
-    """The array owning `array`'s memory, and where and how `array` lies in it."""
-    return (array if array.base is None else array.base), (array.__array_interface__["data"][0], array.shape,
-                                                            array.strides, array.dtype.str)
-
-
 _KEPT_UNITS, _KEPT_PLAN = _LastUnits(), _LastUnits()
 _SHARING = contextvars.ContextVar("lpt_sharing", default=False)
 
@@ -254,7 +199,7 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
         if size > 1 and keys[size - 1] >= keys[0] + steps[position + size - 2] and \
                 keys[size - 1] > topped[:-1].min():
             placed = int((keys[1:size] > np.minimum.accumulate(topped[:-1])).argmax()) + 1  # the first True
-        if 8 * placed < size:
+        if (_WIDE_KEY_HEAP_SHARE if num_ranks > _WIDE_ROUND else 8) * placed < size:
             loads = np.empty(num_ranks, dtype=np.int64)
             loads[keys & mask] = keys >> shift
             _heap_round(loads, steps[position: position + size] >> shift, order[position: position + size],
@@ -306,8 +251,11 @@ _SORT_KIND = "stable"
 _START_SORT = 4
 _FRONT_SHARE = 4  # a round reading at most a quarter of the keys sorts those alone (`_front_sorted`)
 _ROUNDS_FROM_RANKS = 32  # below, one heap loop is faster (50 000 items on 4 ranks: 18 ms vs 145 ms)
-# A float round over 4096 ranks is redone as a heap only below 1/16 of them placed: a heap step costs 1.6-4.9 µs there,
-_WIDE_ROUND, _WIDE_HEAP_SHARE = 4096, 16  # a round 40-190 ns a rank (D = 2560 x 32, M 32, seed 5's LPT: 210 -> 20 ms)
+# A round over more than _WIDE_ROUND ranks is redone as a heap only where it placed under 1/16 of them (float costs) or
+# 1/64 (integer keys): a heap step costs 1.2-4.9 µs there, a float round 40-190 ns a rank, a round of keys 3-4 ns.
+# D = 2560 x 32, M 32, seeds 5, 7, 41, the plain planner's float LPT (81 920 cells): a 7680-item round, 210 -> 20 ms;
+# D = 512 x 16, M 16, 4 of the default mix's rows on keys (8192 cells): a 512-item round, 18 -> 0.6 ms.
+_WIDE_ROUND, _WIDE_HEAP_SHARE, _WIDE_KEY_HEAP_SHARE = 4096, 16, 64
 
 
 def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
@@ -331,7 +279,7 @@ def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, sta
     tokens = None
     if kept is not None and kept[0] == num_ranks:
         _, assignment, keys, shift, divisor, tokens, kept_order, kept_lengths = kept
-        if not (_same_memory(kept_order, order) and _same_memory(kept_lengths, lengths)):
+        if not (same_memory(kept_order, order) and same_memory(kept_lengths, lengths)):
             # the same costs, the items in another order (`auto.in_canonical_order`): LPT's j-th choice depends on
             # the costs alone, so the item j-th in `order` takes the cell the kept plan gave its j-th item
             assignment, tokens = _in_order(assignment, kept_order, order), None
