@@ -65,7 +65,6 @@ def _dealt(problem, loads, tokens, cap, target, max_lpt_rounds):
     return state.destinations.tolist(), state.loads.tolist(), state.tokens.tolist()
 
 
-@pytest.mark.background
 @settings(max_examples=300, deadline=None)
 @given(token_bound_deals())
 def test_token_bound_rounds_make_the_round_by_round_choices(instance):
@@ -104,7 +103,6 @@ def _round_by_round(state, waiting, allowed, margin, order, window):
     return waiting, rounds
 
 
-@pytest.mark.background
 @settings(max_examples=300, deadline=None)
 @given(token_bound_deals())
 def test_token_bound_rounds_from_any_sorted_ranks_make_the_round_by_round_choices(instance):

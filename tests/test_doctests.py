@@ -27,7 +27,6 @@ def modules_with_examples():
     return found
 
 
-@pytest.mark.background
 @pytest.mark.parametrize("name", modules_with_examples())
 def test_docstring_examples(name):
     module = importlib.import_module(name)

@@ -76,7 +76,6 @@ def test_binding_cap_is_decided_and_respected():
     assert balance(lengths, 3, cost=cost, algorithm="exact").makespan == 20.0
 
 
-@pytest.mark.background
 def test_agrees_with_the_milp_where_it_finishes():
     compared = 0
     for seed in range(6):
@@ -116,7 +115,6 @@ def test_padded_problems_use_the_exact_padded_kernel():
     assert plan.makespan == balance([5, 4, 3, 3, 3, 9], 2, padded=True, algorithm="padded").makespan
 
 
-@pytest.mark.background
 def test_bounds_never_exceed_the_optimum():
     for lengths, ranks in random_cases(2, 80, max_items=8):
         w = np.sort(lengths)[::-1]
@@ -159,7 +157,6 @@ def check_bins(bins, w, capacity, num_bins):
     assert max(sum(costs) for costs in bins) <= capacity
 
 
-@pytest.mark.background
 @pytest.mark.parametrize("rounding", [True, False], ids=["residual_rounding", "largest_column"])
 def test_dive_packs_at_the_bound_where_bin_completion_gives_up(rounding):
     """uniform_1000 m40 r2.5: the LP allows exactly 40 bins at 1200 and bin completion finds no
@@ -175,7 +172,6 @@ def test_dive_packs_at_the_bound_where_bin_completion_gives_up(rounding):
     assert sorted(np.bincount(where, weights=w).tolist()) == sorted(sum(costs) for costs in bins)
 
 
-@pytest.mark.background
 def test_dive_never_claims_an_impossible_packing():
     for lengths, ranks in random_cases(4, 60, max_items=8):
         w = np.sort(lengths)[::-1]
@@ -188,7 +184,6 @@ def test_dive_never_claims_an_impossible_packing():
             check_bins(bins, w, optimum, ranks)
 
 
-@pytest.mark.background
 def test_proves_the_instance_that_needed_the_dive():
     """uniform_1000 m50 r3: ceil(sum / 50) = 1493 is the optimum; before the dive the search
     stopped at 1496 with the bound 1493 (bin completion and the integer master found nothing)."""
