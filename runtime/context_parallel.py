@@ -402,7 +402,7 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
         # each row's flag column: 1 where it is a key (0: padding), + 2 under a causal mask, so a peer's padding
         # reaches ranks that pass no mask, and a peer of the group calling with another `causal` is found
         if (schema := row_schema(key, value)) not in exchange.schemas:  # before a payload of another size aborts
-            agree_rows(schema, exchange, layout.group, _p2p)
+            agree_rows(schema, exchange, layout.group, _p2p, key.device)
             exchange.schemas.add(schema)
         flags = (torch.ones(tokens, 1) if valid is None else valid[:, None]) + 2.0 * causal
         rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), flags.to(key.dtype).to(key.device)],

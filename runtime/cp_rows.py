@@ -42,19 +42,22 @@ def _shown(words: list[int]) -> str:
     return f"{str(dtype).removeprefix('torch.')} keys {tuple(key)}, values {tuple(value)} (heads, dim)"
 
 
-def agree_rows(schema: tuple[int, ...], exchange, group, p2p) -> None:
+def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device) -> None:
     """Swap `schema`'s header row with every peer of `exchange` through `p2p` (the call's point-to-point
-    exchange); ContextParallelError naming the peers whose rows differ, on both ranks of each pair."""
+    exchange), on `device` (the payload rows': NCCL moves no CPU tensor); ContextParallelError naming the
+    peers whose rows differ, on both ranks of each pair.  One host read for all peers' digests."""
     words = torch.tensor(schema, dtype=torch.float64)
     digest = float(zlib.crc32(words.numpy().tobytes()))  # below 2**32: exact in float64
-    header = torch.cat([words, torch.tensor([digest], dtype=torch.float64)])[None, :]
-    sends = {peer: header for peer in exchange.send_rows}
-    recvs = {peer: torch.zeros_like(header) for peer in exchange.send_rows}
+    header = torch.cat([words, torch.tensor([digest], dtype=torch.float64)])[None, :].to(device)
+    peers = sorted(exchange.send_rows)
+    sends = {peer: header for peer in peers}
+    recvs = {peer: torch.zeros_like(header) for peer in peers}
     p2p(sends, recvs, exchange, group, "forward")
-    differ = [peer for peer, row in sorted(recvs.items()) if float(row[0, -1]) != digest]
+    rows = torch.cat([recvs[peer] for peer in peers]).cpu().tolist() if peers else []
+    differ = [(peer, row) for peer, row in zip(peers, rows) if row[-1] != digest]
     if differ:
-        theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown(recvs[peer][0, :-1].long().tolist())}"
-                           for peer in differ)
+        theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown([int(w) for w in row[:-1]])}"
+                           for peer, row in differ)
         raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers pass keys "
                                    f"and values of another dtype or shape (here {_shown(list(schema))}; {theirs}); "
                                    f"every rank of a split item's group must run the same model in the same dtype "

@@ -80,3 +80,22 @@ def test_query_key_and_value_of_other_dtypes_are_named_before_any_exchange():
     with pytest.raises(ValueError, match="`query`, `key` and `value` must share one dtype and device; got "
                                          "torch.float32 on cpu, torch.float32 on cpu, torch.float64 on cpu"):
         context_parallel_attention(q, k, k.double(), layout)
+
+
+def test_the_header_rows_ride_on_the_payloads_device():
+    """rev55 F1: the header was a CPU tensor whatever the K/V rows' device, and NCCL moves no CPU tensor: every
+    context-parallel call with peers failed on GPUs (blamed on a dead peer).  It is built on the given device."""
+    from orchmllm.runtime.cp_rows import agree_rows
+
+    class Exchange:
+        send_rows, peer_items = {1: None, 3: None}, {1: "item 0", 3: "item 0"}
+
+    seen = []
+
+    def p2p(sends, recvs, exchange, group, phase):
+        seen.append({t.device.type for t in [*sends.values(), *recvs.values()]})
+        raise LookupError("stop before the host read: meta tensors hold no data")
+
+    with pytest.raises(LookupError):
+        agree_rows((1, 1, 2, 1, 2), Exchange, None, p2p, torch.device("meta"))
+    assert seen == [{"meta"}]
