@@ -59,10 +59,13 @@ def test_regression_a_step_timed_every_move_row(monkeypatch, microbatches, sched
     M = 32, interleaved): each of `run`'s steps walked its swaps (120; 496), r's rows without each of its items and its
     move rows (1920; 4096) at once, most of the search's time; 256 and 1920 of those moves may be the step's choice,
     the others end above a time a swap or another move surely reaches, and at M = 32 the 128 of the item of least
-    own time, timed first, leave none.  The same plan as timing every move."""
+    own time, timed first, leave none.  The same plan as timing every move.  LEFT_RATE 0: `run` makes its steps (at
+    M = 32, interleaved, what the steps its budget buys could gain is too little for the first, `_little_left`)."""
+    monkeypatch.setattr(search, "LEFT_RATE", 0)
     plan, walks = _run_walks(monkeypatch, 29, microbatches, schedule)
     assert walks and max(walks) <= most  # the parent: one walk a step of swaps, r's rows and every move (2070; 4624)
     monkeypatch.undo()
+    monkeypatch.setattr(search, "LEFT_RATE", 0)
     _every_move(monkeypatch)
     every, every_walks = _run_walks(monkeypatch, 29, microbatches, schedule)
     assert max(every_walks) == moves
