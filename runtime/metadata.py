@@ -157,24 +157,35 @@ def gather_digests(digest: bytes, group=None, phase: str = "digest all-gather", 
     return [row.tobytes()[:len(digest)] for row in call_header(call, words, group, phase)]
 
 
+def _digest_bytes(digest) -> tuple[bytes | None, ValueError | None]:
+    """`digest` as 32 bytes, or the error naming what it is instead."""
+    try:
+        own = bytes(memoryview(digest).cast("B"))
+    except TypeError:
+        return None, ValueError(f"`digest` must be 32 bytes (SHA-256); got a {type(digest).__name__}")
+    if len(own) != 32:
+        return None, ValueError(f"`digest` must be 32 bytes (SHA-256); got {len(own)}")
+    return own, None
+
+
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
-    """All-gather each rank's 32-byte digest; raise PlanMismatchError naming disagreeing ranks.  A rank whose
-    `digest` is not 32 bytes joins the gather all the same (probe55: its peers waited in it), and raises after it;
-    the others raise PeerInputError naming it."""
-    wrong = None if isinstance(digest, bytes) and len(digest) == 32 else ValueError(
-        f"`digest` must be 32 bytes (SHA-256); got " + (f"{len(digest)}" if isinstance(digest, bytes) else
-                                                        f"a {type(digest).__name__}"))
+    """All-gather each rank's 32-byte digest (any bytes-like object); raise PlanMismatchError naming disagreeing
+    ranks.  A rank whose `digest` is not 32 bytes joins the gather all the same (probe55: its peers waited in it),
+    flagged in a status word beside the digest (no digest value means "failed": rev55), and raises after it; the
+    others raise PeerInputError naming it."""
+    own, wrong = _digest_bytes(digest)
     if group_size(group) == 1:
         if wrong is not None:
             raise wrong
         return
-    digests = gather_digests(FAILED_INPUT if wrong is not None else digest, group, call="plan digest")
-    failed = [rank for rank, value in enumerate(digests) if value == FAILED_INPUT]
+    rows = gather_digests(bytes([wrong is not None]).ljust(8, b"\0") + (own or bytes(32)), group, call="plan digest")
+    failed = [rank for rank, row in enumerate(rows) if row[0]]
     if wrong is not None:
         raise wrong
     if failed:
         raise PeerInputError(f"ranks {failed} passed check_agreement a digest that is not 32 bytes (each raised why); "
                              f"rank {group_rank(group)} stops with them")
+    digests = [row[8:] for row in rows]
     problem = disagreement(digests, what, group_rank(group), show=lambda value: value.hex()[:12])
     if problem:
         raise PlanMismatchError(f"{problem}; every rank must run the same solver, version and configuration "

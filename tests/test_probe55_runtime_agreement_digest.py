@@ -30,3 +30,17 @@ def test_regression_a_digest_of_another_size_on_one_rank_left_its_peers_in_the_g
 def test_one_process_refuses_it_without_a_group():
     with pytest.raises(ValueError, match="`digest` must be 32 bytes"):
         check_agreement(b"short")
+
+
+def _agreeing_job(rank, size):
+    check_agreement(bytes(32))  # a valid digest, all zeros on every rank (was taken for a failed input)
+    plan = fingerprint("plan")
+    check_agreement(bytearray(plan) if rank == 1 else memoryview(plan))  # any bytes-like 32 bytes
+    return "agreed"
+
+
+def test_regression_an_all_zero_or_bytes_like_digest_is_a_digest():
+    """rev55 F4 on 20928af: a failed input was flagged in band as bytes(32), so ranks passing a valid all-zero digest
+    were each told a peer's was not 32 bytes; a 32-byte bytearray or memoryview was refused."""
+    outcomes = run_processes(_agreeing_job, 2, timeout_s=40, collective_timeout_s=20)
+    assert [o.value for o in outcomes] == ["agreed", "agreed"], [o.error for o in outcomes]
