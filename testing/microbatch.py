@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers import MicroBatchPlan, Status
+from ..balancers.pipeline.spec import simulated_exactly
 from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
 from .checks import check_plan_type, rounding_apart, wrong_status
@@ -146,18 +147,9 @@ def _check_pipeline_step(plan: MicroBatchPlan, loads: np.ndarray, item_costs: np
         _fail(plan, f"pipeline lower bound {step.lower_bound} is not in [0, step time {step.step_time}]")
     meet = step.step_time == step.lower_bound
     if wrong_status(step.status) or (step.status is Status.OPTIMAL and not meet) or (
-            meet and step.status is not Status.OPTIMAL and _simulated_exactly(plan, item_costs)):
+            meet and step.status is not Status.OPTIMAL and simulated_exactly(
+                step.pipeline, step.step_time, np.append(item_costs, plan.microbatch_overhead), m)):
         _fail(plan, f"pipeline status {step.status!r} with step time {step.step_time} and bound {step.lower_bound}")
-
-
-def _simulated_exactly(plan: MicroBatchPlan, item_costs: np.ndarray) -> bool:
-    """Whether the pipeline step's float rounding (~4·(M + P·v) sums of ~step·eps) stays below the least time a piece
-    of work spends on a stage: only then may step and bound not meet by rounding, and the plan must say `optimal`
-    where they meet (the planners' documented rule, probe32 P32-01)."""
-    pipeline, costs = plan.pipeline.pipeline, np.append(item_costs, plan.microbatch_overhead)
-    chunks, k = pipeline.stages * pipeline.virtual_stages, pipeline.backward_factor
-    least = float(costs[costs > 0].min(initial=math.inf)) * min(1.0, k) / (chunks * (1.0 + k))
-    return plan.pipeline.step_time * 4 * (plan.num_microbatches + chunks) * np.finfo(np.float64).eps < least
 
 
 def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tokens_per_microbatch: int, *,

@@ -22,7 +22,6 @@ def test_subnormal_costs_plan_without_warnings(schedule):
     check_microbatch_plan(plan, lengths, 2, 400, costs=[5e-324] * len(lengths))
 
 
-
 def test_rounding_unit():
     assert rounding_unit(np.array([5e-324])) == 5e-324
     assert rounding_unit(np.array([3.0, 1.0])) == 1.0  # integers: never below 1

@@ -37,7 +37,7 @@ from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.profile import flat_profile
-from ..pipeline.spec import Pipeline
+from ..pipeline.spec import Pipeline, simulated_exactly
 from ..problem import (InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
                        check_token_range, item_costs_of, rank_loads)
 from ..registry import built_in, certifies, get_microbatch_algorithm
@@ -355,13 +355,11 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
 
 
 def rounding_checked(step, problem: MicroBatchProblem, num_microbatches: int):
-    """`step` (a `PipelineStep`), `optimal` only where its float rounding (~4·(M + P·v) sums of ~step·eps) stays below
-    the least time a piece of work spends on a stage, else step and bound may meet by rounding (probe32 P32-01); it
-    resolves plans to float64's resolution, no finer (costs an ulp apart: the best step may sit an ulp above)."""
-    pipeline, costs = step.pipeline, np.append(problem.item_costs, problem.microbatch_overhead)
-    chunks, k = pipeline.stages * pipeline.virtual_stages, pipeline.backward_factor
-    least = float(costs[costs > 0].min(initial=math.inf)) * min(1.0, k) / (chunks * (1.0 + k))
-    exact = step.step_time * 4 * (num_microbatches + chunks) * np.finfo(np.float64).eps < least
+    """`step` (a `PipelineStep`), `optimal` only where `simulated_exactly` (else step and bound may meet by
+    rounding); it resolves plans to float64's resolution, no finer (costs an ulp apart: the best step may sit an
+    ulp above)."""
+    costs = np.append(problem.item_costs, problem.microbatch_overhead)
+    exact = simulated_exactly(step.pipeline, step.step_time, costs, num_microbatches)
     return step if exact or step.status != Status.OPTIMAL else dataclasses.replace(step, status=Status.FEASIBLE)
 
 

@@ -149,3 +149,12 @@ def as_pipeline(value, name: str = "pipeline") -> Pipeline | None:
     if value is not None and not isinstance(value, Pipeline):
         raise TypeError(f"`{name}` must be a Pipeline(stages=..., schedule=...) or None; got {type(value).__name__}")
     return value
+
+
+def simulated_exactly(pipeline: Pipeline, step_time: float, costs: np.ndarray, num_microbatches: int) -> bool:
+    """Whether a step's float rounding (~4·(M + P·v) sums of ~step·eps) stays below the least time a piece of work
+    (one of `costs`: the items' and the micro-batch overhead) spends on a stage: only then can a step that meets
+    its bound not meet it by rounding, so `optimal` may be said (probe32 P32-01); planners and checkers share it."""
+    chunks, k = pipeline.stages * pipeline.virtual_stages, pipeline.backward_factor
+    least = float(costs[costs > 0].min(initial=np.inf)) * min(1.0, k) / (chunks * (1.0 + k))
+    return step_time * 4 * (num_microbatches + chunks) * np.finfo(np.float64).eps < least
