@@ -8,22 +8,20 @@ largest first (ties by index), give each to the least-loaded rank (ties by rank)
 
 Guarantee: makespan <= (4/3 - 1/(3D)) · OPT for the unpadded cost.
 
-The unpadded kernel gives the bit-identical assignment of that heap loop, but places
-items a round at a time with numpy: with ranks sorted by (load, rank) and the next
-items sorted by cost, the k-th item goes to the k-th rank exactly when that rank stays
-ahead of every rank already topped up in the round (checked, ties included); the first
-item where that fails starts the next round.  A round that places fewer than D/s items (s = 8; over 4096
-ranks 16 for float costs, 64 on integer keys) is redone as D steps of a heap, so every O(D log D) round pays
-for at least D/s items: O(s · n log D) in all, s a constant; below 32 ranks, where rounds hold only a few
-items, the heap loop runs alone.  Integer costs sort as unique int64 keys (cost · n + index, load · D + rank),
-much faster than stable sorts; when every load stays exact (below 2**53 once the costs' common power of two is divided out),
-each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
-and one sort (full rounds of equal costs keep the keys' order: a run of them is one step).
-With a memory cap, the least-loaded rank that still has room is taken (`lpt_capped`: the
-uncapped plan up to its first overflow, then rounds that never offer a full rank twice; the
-uncapped plan is kept when it already fits, since the choices are then the same).  Padded
-ranks cost count · f(max length); items go longest first to the rank whose cost grows least,
-in O(n log D) with a heap.
+The unpadded kernel gives the bit-identical assignment of that heap loop, but places items a round at a time
+with numpy: with ranks sorted by (load, rank) and the next items sorted by cost, the k-th item goes to the k-th
+rank exactly when that rank stays ahead of every rank already topped up in the round (checked, ties included);
+the first item where that fails starts the next round. A round that places fewer than D/s items (s = 8; over
+4096 ranks 16 for float costs, 64 on integer keys) is redone as D steps of a heap, so every O(D log D) round
+pays for at least D/s items: O(s · n log D) in all, s a constant; below 32 ranks, where rounds hold only a few
+items, the heap loop runs alone. Integer costs sort as unique int64 keys (cost · n + index, load · D + rank),
+much faster than stable sorts; when every load stays exact (below 2**53 once the costs' common power of two is
+divided out), each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum and one
+sort (full rounds of equal costs keep the keys' order: a run of them is one step). With a memory cap, the
+least-loaded rank that still has room is taken (`lpt_capped`: the uncapped plan up to its first overflow, then
+rounds that never offer a full rank twice; the uncapped plan is kept when it already fits, since the choices are
+then the same). Padded ranks cost count · f(max length); items go longest first to the rank whose cost grows
+least, in O(n log D) with a heap.
 """
 
 from __future__ import annotations
