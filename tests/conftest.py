@@ -30,7 +30,10 @@ waited out, long in-process searches, which then run on the core this process le
 after another in one process (`run_background`); each test, in this process, reads its own outcome instead of
 running its body (`pytest_pyfunc_call`).  Such a test must not depend on what other tests leave behind."""
 BACKGROUND_TIMEOUT = 2 * EARLY_TIMEOUT
-"""Seconds a module's background tests may take together (each of them bounds its own ranks' waits)."""
+"""Seconds a module's background tests may take together (each of them bounds its own ranks' waits); a test that
+reads their outcome waits up to that long (its own timeout mark), and a command past it names the test it was
+running (the `STARTING` line it wrote to stderr)."""
+STARTING = "background test starting: "
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,11 +56,17 @@ def pytest_runtestloop(session):
         return
     running = [item for item in session.items if not _skipped(item)]
     background = {}  # {module: [[test name, function name, parameters]]}: what each background process runs
+    refused = [f"{item.nodeid}: {why}" for item in running if item.get_closest_marker("background") is not None
+               and (why := _background_refusal(item))]
+    if refused:
+        raise pytest.UsageError("@pytest.mark.background runs a test's bare function in another process, which "
+                                "would drop what pytest wraps around it:\n" + "\n".join(refused))
     for item in running:
         if item.get_closest_marker("background") is not None:
             parameters = getattr(item, "callspec", None)
             background.setdefault(item.module, []).append(
                 [item.name, item.originalname, parameters.params if parameters is not None else {}])
+            item.add_marker(pytest.mark.timeout(BACKGROUND_TIMEOUT + EARLY_TIMEOUT))  # it waits for its module's
     marked = [(item.module, marker.args[0] if marker.name == "early" else BACKGROUND) for item in running
               for marker in item.iter_markers() if marker.name in ("early", "background")]
     if not marked:
@@ -86,12 +95,40 @@ def pytest_runtestloop(session):
             out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             child.kill()
-            child.communicate()
-            raise
+            err = child.communicate()[1]
+            started = [line for line in err.splitlines() if line.startswith(STARTING)]
+            raise RuntimeError(f"{module.__name__}'s {name!r} command ran past {timeout} s" + (
+                f"; the test running then: {started[-1][len(STARTING):]}" if started else "")) from None
         return subprocess.CompletedProcess(args, child.returncode, out, err)
 
     config.stash[EARLY] = (pool, children, lock, stopping,
                            {key: pool.submit(run, module, key[1]) for key, module in commands.items()})
+
+
+BACKGROUND_MARKS = {"background", "parametrize", "skip", "skipif", "hypothesis"}
+"""The marks a background test may carry: the others (filterwarnings, timeout, xfail, usefixtures) act in this
+process only, and a background test would pass where it fails (rev55 F2)."""
+
+
+def _background_refusal(item) -> str | None:
+    """Why `item` cannot run in a background process as it would here, or None."""
+    parameters = getattr(item, "callspec", None)
+    parameters = parameters.params if parameters is not None else {}
+    if not inspect.isfunction(item.obj) or inspect.iscoroutinefunction(item.obj) or inspect.isgeneratorfunction(
+            item.obj) or item.cls is not None:
+        return "only a plain module-level function (not a method, coroutine or generator) runs in the background"
+    if fixtures := sorted(set(item.fixturenames) - {"tmp_path", "tmp_path_factory", "request", *parameters}):
+        return f"fixtures {fixtures}: only tmp_path is given in the background"
+    if marks := sorted({mark.name for mark in item.iter_markers()} - BACKGROUND_MARKS):
+        return f"marks {marks} act in this process only (allowed: {sorted(BACKGROUND_MARKS)})"
+    for name, value in parameters.items():
+        try:
+            same = json.loads(json.dumps(value)) == value and type(json.loads(json.dumps(value))) is type(value)
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            return f"parameter {name}={value!r} does not survive JSON (str, int, float, bool, None, lists, dicts)"
+    return None
 
 
 def _skipped(item) -> bool:
@@ -133,6 +170,7 @@ def run_background(module_name: str, tests: str) -> None:
     parameter gets a fresh empty folder, as pytest's fixture."""
     module, outcomes = _rewritten(module_name), {}
     for name, function, parameters in json.loads(tests):
+        print(f"{STARTING}{name}", file=sys.stderr, flush=True)  # named if the whole command times out
         test = getattr(module, function)
         try:
             with tempfile.TemporaryDirectory() as folder:

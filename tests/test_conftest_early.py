@@ -109,3 +109,37 @@ def test_regression_a_check_whose_raises_saw_nothing_ended_the_other_checks(tmp_
     assert outcomes["test_skips"] == ["skipped", "no such device"] and outcomes["test_passes"] is None
     assert outcomes["test_fails"][0] == "failed" and "assert [1, 2] == [1, 3]" in outcomes["test_fails"][1]
     assert "test_unselected" not in outcomes
+
+
+REFUSED = '''import pytest, warnings
+
+@pytest.mark.background
+@pytest.mark.filterwarnings("error")
+def test_warns():
+    warnings.warn("fails here, passed in the background", RuntimeWarning)
+
+@pytest.mark.background
+@pytest.mark.parametrize("shape", [(2, 3)])
+def test_tuple(shape):
+    assert isinstance(shape, tuple)
+
+@pytest.mark.background
+async def test_coroutine():
+    assert False
+'''
+
+
+@pytest.mark.background
+def test_regression_background_tests_whose_marks_act_here_only_are_refused(tmp_path):
+    """Cause (rev55 F2): the background process called the bare function, so a `filterwarnings("error")` test passed
+    where it fails, a coroutine test passed unawaited, a tuple parameter arrived as a list.  Such tests are refused,
+    each named with the reason, before anything starts."""
+    (tmp_path / "tests").mkdir()
+    shutil.copy(CONFTEST, tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "test_refused.py").write_text(REFUSED)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_refused.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    for why in ("test_warns: marks ['filterwarnings']", "test_tuple[shape0]: parameter shape=(2, 3) does not survive",
+                "test_coroutine: only a plain module-level function"):
+        assert why in result.stderr, result.stderr
