@@ -73,12 +73,14 @@ def pytest_runtestloop(session):
         return
     commands = {(module.__name__, name): module for module, name in marked}
     pool, children, lock, stopping = ThreadPoolExecutor(max_workers=1), [], threading.Lock(), threading.Event()
+    filters = [*config.getini("filterwarnings"), *(config.known_args_namespace.pythonwarnings or [])]  # as pytest's
 
     def run(module, name: str) -> subprocess.CompletedProcess:
         command = getattr(module, "EARLY", {}).get(name)
         if command is None and name == BACKGROUND:  # imported as `tests.<name>`, as spawned ranks import it
-            command = {"args": ("-c", "import sys; from tests.conftest import run_background; run_background("
-                                      "sys.argv[1], sys.argv[2])", f"tests.{Path(module.__file__).stem}",
+            command = {"args": (*(f"-W{spec}" for spec in filters), "-c",
+                                "import sys; from tests.conftest import run_background; run_background("
+                                "sys.argv[1], sys.argv[2])", f"tests.{Path(module.__file__).stem}",
                                 json.dumps(background[module])), "cwd": ROOT, "timeout": BACKGROUND_TIMEOUT}
         if command is None:
             raise LookupError(f"@pytest.mark.early({name!r}): {module.__name__} has no EARLY[{name!r}] command")

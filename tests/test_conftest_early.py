@@ -129,11 +129,19 @@ async def test_coroutine():
 '''
 
 
+WARNS = '''import pytest, warnings
+
+@pytest.mark.background
+def test_warns():
+    warnings.warn("fails here, passed in the background", RuntimeWarning)
+'''
+
+
 @pytest.mark.background
 def test_regression_background_tests_whose_marks_act_here_only_are_refused(tmp_path):
     """Cause (rev55 F2): the background process called the bare function, so a `filterwarnings("error")` test passed
     where it fails, a coroutine test passed unawaited, a tuple parameter arrived as a list.  Such tests are refused,
-    each named with the reason, before anything starts."""
+    each named with the reason, before anything starts; the session's -W filters reach the background process."""
     (tmp_path / "tests").mkdir()
     shutil.copy(CONFTEST, tmp_path / "tests" / "conftest.py")
     (tmp_path / "tests" / "test_refused.py").write_text(REFUSED)
@@ -143,3 +151,8 @@ def test_regression_background_tests_whose_marks_act_here_only_are_refused(tmp_p
     for why in ("test_warns: marks ['filterwarnings']", "test_tuple[shape0]: parameter shape=(2, 3) does not survive",
                 "test_coroutine: only a plain module-level function"):
         assert why in result.stderr, result.stderr
+    (tmp_path / "tests" / "test_refused.py").write_text(WARNS)  # the session's -W filters reach the background
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+                             "error::RuntimeWarning", "tests/test_refused.py"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert "1 failed" in result.stdout and "RuntimeWarning: fails here" in result.stdout, result.stdout
