@@ -2,9 +2,11 @@
 `background` tests; the `started_early` and `planned_passes` fixtures."""
 
 import ast
+import contextlib
 import importlib.util
 import inspect
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -167,25 +169,46 @@ def started_early(request):
 
 def run_background(module_name: str, tests: str) -> None:
     """The `BACKGROUND` command's body: the tests of `module_name` named in `tests` (JSON: [[test name, function
-    name, parameters]]), each outcome (None where it passed) as JSON on the last line of stdout.  The module is
-    imported with pytest's assertion rewriting (a failed assert shows its values); a test with a `tmp_path`
-    parameter gets a fresh empty folder, as pytest's fixture."""
-    module, outcomes = _rewritten(module_name), {}
+    name, parameters]]); on the last two lines of stdout, as JSON, what each printed (its file descriptors 1 and 2,
+    its ranks' too) and each outcome (None where it passed).  The module is imported with pytest's assertion
+    rewriting (a failed assert shows its values); a test with a `tmp_path` parameter gets a fresh empty folder, as
+    pytest's fixture."""
+    module, outcomes, printed = _rewritten(module_name), {}, {}
     for name, function, parameters in json.loads(tests):
         print(f"{STARTING}{name}", file=sys.stderr, flush=True)  # named if the whole command times out
         test = getattr(module, function)
+        with _captured() as output:
+            try:
+                with tempfile.TemporaryDirectory() as folder:
+                    test(**parameters, **{"tmp_path": Path(folder)} if "tmp_path" in inspect.signature(
+                        test).parameters else {})
+                outcomes[name] = None
+            except KeyboardInterrupt:
+                raise
+            except pytest.skip.Exception as skip:
+                outcomes[name] = ["skipped", str(skip)]
+            except BaseException:  # each test's own failure: pytest.raises' "DID NOT RAISE" (a BaseException) too,
+                outcomes[name] = ["failed", traceback.format_exc()]  # the tests after it still run
+        printed[name] = output[0]
+    print(f"\n{json.dumps(printed)}\n{json.dumps(outcomes)}")
+
+
+@contextlib.contextmanager
+def _captured():
+    """What the body prints to file descriptors 1 and 2 (child processes included), as `[text]` once it ends."""
+    output = [""]
+    with tempfile.TemporaryFile() as sink:
+        sys.stdout.flush(), sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(sink.fileno(), 1), os.dup2(sink.fileno(), 2)
         try:
-            with tempfile.TemporaryDirectory() as folder:
-                test(**parameters, **{"tmp_path": Path(folder)} if "tmp_path" in inspect.signature(test).parameters
-                     else {})
-            outcomes[name] = None
-        except KeyboardInterrupt:
-            raise
-        except pytest.skip.Exception as skip:
-            outcomes[name] = ["skipped", str(skip)]
-        except BaseException:  # each test's own failure: pytest.raises' "DID NOT RAISE" (a BaseException) too,
-            outcomes[name] = ["failed", traceback.format_exc()]  # the tests after it still run
-    print(f"\n{json.dumps(outcomes)}")  # a line of its own whatever a test's processes printed
+            yield output
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+            sink.seek(0)
+            output[0] = sink.read().decode(errors="replace")
 
 
 def _rewritten(module_name: str):
@@ -203,12 +226,15 @@ def _rewritten(module_name: str):
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A `background` test reads the outcome its module's background process recorded instead of running its
-    body here: a failure shows that process's traceback."""
+    body here: a failure shows that process's traceback, and what the body printed is this test's output
+    (rev55 N0: it was lost)."""
     if pyfuncitem.get_closest_marker("background") is None:
         return None
     done = pyfuncitem.config.stash[EARLY][4][pyfuncitem.module.__name__, BACKGROUND].result()
     assert done.returncode == 0, done.stderr
-    outcome = json.loads(done.stdout.splitlines()[-1])[pyfuncitem.name]
+    printed, outcomes = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    sys.stdout.write(printed[pyfuncitem.name])  # pytest's "Captured stdout call" of this test
+    outcome = outcomes[pyfuncitem.name]
     if outcome is not None and outcome[0] == "skipped":
         pytest.skip(outcome[1])
     if outcome is not None:

@@ -1,7 +1,7 @@
 """conftest's `early` commands (review rev49 F1, F2, F4), in a pytest process of their own over a copy of it: a
 command starts only for a test that will run, a mark naming no command fails its test alone, and a session ended
 while a command runs kills it and exits with the tests' own status; `background` tests (rev53 F2, F4, F6) run only
-where selected, each read by its own test, a failed assert showing its values."""
+where selected, each read by its own test, a failed assert showing its values and what the test printed."""
 
 import json
 import shutil
@@ -26,6 +26,7 @@ def test_background_passes(size, tmp_path):
 
 @pytest.mark.background
 def test_background_fails():
+    print("the diagnosis it printed")
     assert [1, 2] == [1, 3]
 
 @pytest.mark.background
@@ -74,6 +75,7 @@ def test_early_commands_start_for_running_tests_only_and_die_with_the_session(tm
     assert "has no EARLY['no such command'] command" in result.stdout
     assert "test_background_fails failed in the background process" in result.stdout
     assert "assert [1, 2] == [1, 3]" in result.stdout, result.stdout
+    assert "the diagnosis it printed" in result.stdout, result.stdout  # rev55 N0: a background test's output was lost
     assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
     assert (tmp_path / "started_ran").exists() and not (tmp_path / "started_skipped").exists()
     assert not (tmp_path / "started_deselected").exists()
