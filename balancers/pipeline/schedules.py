@@ -52,10 +52,11 @@ import numpy as np
 
 from .spec import Pipeline
 
-# rows walked together, about: 5120 at once took 1.3x (P 8, M 3) to 3x (P 4, M 32) two blocks' time, and 2561 in two
-# blocks 1.2-1.3x one (P 8, M 8-16: D = 2560 with a probed row); a block holds up to 1.25 BLOCK_ROWS rows at M <= 16,
-# fewer in proportion above (3072-3839 rows in one block took 1.2-1.6x two at M 32: rev16 R16-04)
-BLOCK_ROWS = 2560
+# rows walked together, about: a block holds up to 1.25 BLOCK_ROWS rows at M <= 16, fewer in proportion above.  Since
+# the walk reuses its registers (`_walk`) one block beats two up to ~10 000 rows at M 32 (P 8: 2560 rows 1F1B 1.5 vs
+# 2.2 ms, interleaved 3.0 vs 4.2; 5120 rows 3.2 vs 4.6, 5.8 vs 8.7; M 8-16 up to 10 240 rows 0.6-0.9x two), and two
+# win from ~10 000-20 000 rows at M 32 (20 480: 16.6 vs 12.4 ms): the starts' walk at D = 2560, M 32 is one block
+BLOCK_ROWS = 8192
 
 
 def stage_order(pipeline: Pipeline, num_microbatches: int, stage: int) -> list[tuple[bool, int, int]]:
