@@ -128,11 +128,13 @@ def test_replica_times_of_many_rows_equal_each_row_alone(stages, schedule, virtu
     """Rows timed together (each operation one vector operation over them): every row as timed alone."""
     pipeline = Pipeline(stages=stages, schedule=schedule, virtual_stages=virtual)
     rng = np.random.default_rng(5)
-    costs = rng.random((2 * BLOCK_ROWS + 5, 4))  # three blocks of rows
+    costs = rng.random((2 * BLOCK_ROWS + 5, 4))  # more than one block of rows
     forward, backward = pipeline.stage_times(costs, 0.5 * costs if first else None)
     times = replica_times(pipeline, forward, backward)
     assert times.shape == (costs.shape[0],)
-    for row in (0, 1023, 1024, 1708, 1709, 3416, 3417, costs.shape[0] - 1):  # blocks of 1709, 1708, 1708
+    bounds = np.cumsum([len(block) for block in np.array_split(costs, -(-costs.shape[0] * 16 // (20 * BLOCK_ROWS)))])
+    assert bounds.size > 1  # the blocks' first and last rows (`replica_times`' split), and others
+    for row in sorted({0, 1023, 1024, costs.shape[0] - 1, *bounds[:-1] - 1, *bounds[:-1]}):
         assert times[row] == replica_times(pipeline, forward[row:row + 1], backward[row:row + 1])[0]
 
 

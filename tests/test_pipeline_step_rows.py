@@ -99,7 +99,8 @@ def test_regression_a_walk_of_a_few_rows_more_than_a_block_ran_two_blocks(monkey
     """Regression (planning time at D = 2560 x 32, issue 28): the starts' walk at D = 2560 holds a few probed rows
     more than BLOCK_ROWS (2561 at M 8, 1F1B), and any row past a block's made a second block (1.2-1.3x one walk's
     time, a walk's own cost paid twice); blocks now hold about BLOCK_ROWS rows each, the same floats as each row
-    timed alone; fewer at M 32, where 3072 rows in one block took 1.2x two (rev16 R16-04)."""
+    timed alone; fewer at M 32 (one block beats two there up to ~10 000 rows since the walk reuses its registers:
+    `schedules.BLOCK_ROWS`)."""
     from orchmllm.balancers.pipeline import schedules
 
     pipeline = Pipeline(8, "1f1b")
