@@ -254,9 +254,7 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     checked_reduction(op, "op")
     check = as_bool(check, "check")
     checked_group(group)
-    given = _parameter_list(parameters, check)
-    names = dict((id(p), name) for name, p in parameters.named_parameters()) \
-        if isinstance(parameters, torch.nn.Module) else {}  # a Module's: digested, so that an order is checked too
+    module, given = parameters, _parameter_list(parameters, check)
     problem = _empty_problem(parameters, group) if not given else None
     parameters = [p for p in given if p.requires_grad]
     problem = problem or _sparse_problem(parameters)
@@ -270,7 +268,8 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
                "parameters only (those of plain modules; a second reduction of these")
             + " would multiply them by the world size with op='sum')")
     flats = _flat_gradients(parameters) if problem is None and is_distributed(group) else {}
-    if check and is_distributed(group):
+    if check and is_distributed(group):  # a Module's names are digested too, so that an order is checked
+        names = {id(p): name for name, p in module.named_parameters()} if isinstance(module, torch.nn.Module) else {}
         _same_parameters(parameters, problem, group, op, flats, names)
     if problem is not None:
         raise problem

@@ -127,10 +127,10 @@ def _background_refusal(item) -> str | None:
         return f"marks {marks} act in this process only (allowed: {sorted(BACKGROUND_MARKS)})"
     for name, value in parameters.items():
         try:
-            same = json.loads(json.dumps(value)) == value and type(json.loads(json.dumps(value))) is type(value)
+            back = json.loads(json.dumps(value))
         except (TypeError, ValueError):
-            same = False
-        if not same:
+            back = None
+        if back != value or type(back) is not type(value):
             return f"parameter {name}={value!r} does not survive JSON (str, int, float, bool, None, lists, dicts)"
     return None
 
