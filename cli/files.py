@@ -155,9 +155,21 @@ def _pick_column(header: list[str], column: str | None, path: Path) -> int:
     return header.index(column)
 
 
+def _text(path: Path) -> str:
+    """The file's text; UsageError naming the line of its first NUL character, which no text of lengths holds:
+    UTF-16 text without a byte-order mark (every other byte NUL, read as letters between NULs: fix56) or a binary
+    file."""
+    text = path.read_text(encoding=TEXT_ENCODING)
+    if (first := text.find("\0")) >= 0:
+        line = text.count("\n", 0, first) + 1
+        raise UsageError(f"{path}:{line}: a NUL character (UTF-16 text without a "
+                         f"byte-order mark, or a binary file?); lengths files are UTF-8 text: save it as UTF-8")
+    return text
+
+
 def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
     """The non-blank rows of a CSV file with their line numbers; UsageError naming the line of a bad one."""
-    reader = csv.reader(io.StringIO(path.read_text(encoding=TEXT_ENCODING)))
+    reader = csv.reader(io.StringIO(_text(path)))
     try:
         return [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
     except csv.Error as error:  # a field over csv.field_size_limit(), a NUL byte, ...
@@ -171,6 +183,10 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
     first = [cell.strip() for cell in rows[0][1]]
     width = len(first)
     if _has_header(first, f"{path}:{rows[0][0]}", column):
+        if column is None and first[0].startswith("#"):  # `# lengths` was read as a column name (probe55 N7)
+            raise UsageError(f"{path}:{rows[0][0]}: {SHORT.repr(first[0])} starts with '#': comment lines are not "
+                             f"read; remove it (a header line whose first column name starts with '#' needs "
+                             f"--column naming the column of lengths)")
         index = _pick_column(first, column, path)
         header_line, rows = rows[0][0], rows[1:]
         if not rows:
@@ -192,7 +208,8 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
         try:
             lengths.append(_parse_length(row[index], f"{path}:{number}"))
         except UsageError as error:  # `1;5` under a header `id;length`, read as one column (probe55)
-            raise UsageError(f"{error}{_not_by_commas(row[index]) if width == 1 else ''}") from None
+            comment = " (comment lines are not read)" if row[0].lstrip().startswith("#") else ""
+            raise UsageError(f"{error}{_not_by_commas(row[index]) if width == 1 else ''}{comment}") from None
     return lengths
 
 
@@ -207,7 +224,7 @@ def _json(text: str, where: str):
 def _json_entries(path: Path) -> list[tuple[str, object]]:
     """(where, value) of every entry: each line of a JSON lines file, or each element of a `.json` file that
     holds one JSON array (what a `.json` file usually holds: `[5, 4, 3]` over one line or several)."""
-    text = path.read_text(encoding=TEXT_ENCODING)
+    text = _text(path)
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         array = _json(text, f"{path} (a .json file starting with '[' is read as one JSON array)")
         return [(f"{path}: element {index}", value) for index, value in enumerate(array)]
@@ -285,7 +302,8 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
     """Read item lengths from a .csv, .jsonl/.json (JSON lines) or .npy file, strictly.
 
     CSV: one integer per line, or a header line and `column` (required when there are
-    several columns).  JSON lines: one integer or one object per line, taking key
+    several columns); no comment lines (a first line starting with '#' is refused, not taken
+    for a header).  JSON lines: one integer or one object per line, taking key
     `column` (default "length"); a `.json` file may instead hold one JSON array of them.
     .npy: a 1-D integer array, loaded without pickle.
     Every entry is checked; raises UsageError naming the file and line of the first bad one.
