@@ -35,7 +35,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ..balancers.validation import as_array, as_non_negative_integers, is_int
+from ..balancers.validation import EXACT_INTEGERS, as_array, as_non_negative_integers, is_int
 from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
 from .comm import collective, comm_device
@@ -143,10 +143,13 @@ class ExchangeMeta:
         return ExchangeMeta(self.dest_ranks, self.source_ranks, self.rank, self.world_size, self.plan_id)
 
     def item_rows(self, rows) -> np.ndarray:
-        """Rows per item as a global int64 array (an int means that many rows per item)."""
+        """Rows per item as a global int64 array (an int means that many rows per item), of fewer than 2**53 rows
+        in all (offsets and counts stay exact, in int64 and in float64 weights: probe55 N3, 2 items of 2**62 rows
+        summed to -2**63)."""
         if is_int(rows):
             if rows < 0:
                 raise ValueError(f"`item_rows` must be >= 0; got {rows}")
+            _check_total(int(rows) * self.num_items, f"{self.num_items} items of {int(rows)} rows")
             return np.full(self.num_items, int(rows), dtype=np.int64)
         array = np.asarray(rows)
         if array.shape != (self.num_items,) or (array.size and array.dtype.kind not in "iu"):
@@ -154,6 +157,8 @@ class ExchangeMeta:
                              f"({self.num_items}); got shape {array.shape}, dtype {array.dtype}")
         if array.size and array.min() < 0:
             raise ValueError("`item_rows` must be non-negative")
+        rough = float(array.sum(dtype=np.float64))  # no wrap-around, and a bound of the exact sum below 2**62
+        _check_total(rough if rough >= 2.0**62 else int(array.sum(dtype=np.uint64)), f"{array.size} items")
         return array.astype(np.int64, copy=False)
 
     def send_counts(self, rows: np.ndarray) -> np.ndarray:
@@ -180,6 +185,12 @@ class ExchangeMeta:
         offset_of_item = np.empty_like(arrival_offsets)
         offset_of_item[self.arrival_order] = arrival_offsets
         return ranges(offset_of_item, rows[self.dest_items])
+
+
+def _check_total(total, what: str) -> None:
+    if total >= EXACT_INTEGERS:
+        raise ValueError(f"`item_rows` must total fewer than 2**53 rows over the plan's items; got {total:.6g} "
+                         f"({what})")
 
 
 class Piece(NamedTuple):
