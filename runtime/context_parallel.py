@@ -65,6 +65,19 @@ from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 __all__ = ["ContextParallelError", "ContextParallelLayout", "SplitItem", "context_parallel_attention"]
 
 
+MAX_TOKENS = 2**32  # a sequence's positions are made whole (8 bytes a token) on each rank of its group
+
+
+def _as_length(value, name: str) -> int:
+    """A sequence's length: an int in [0, MAX_TOKENS], refused before its positions are allocated (probe55 N4: a split
+    item of 2**40 tokens raised MemoryError making 8 TiB of them)."""
+    length = as_int(value, name, minimum=0)
+    if length > MAX_TOKENS:
+        raise ValueError(f"`{name}` must be at most 2**32 tokens (its positions are made whole, 8 bytes a token: a "
+                         f"split item's on each rank of its group); got {length}")
+    return length
+
+
 @dataclass(frozen=True)
 class SplitItem:
     """An item split over a group of ranks: its id, its unsplit length, the ranks holding shards 0..c−1.
@@ -83,7 +96,7 @@ class SplitItem:
 
     def __post_init__(self):
         object.__setattr__(self, "item", as_int(self.item, "item"))
-        object.__setattr__(self, "length", as_int(self.length, f"length of split item {self.item}", minimum=0))
+        object.__setattr__(self, "length", _as_length(self.length, f"length of split item {self.item}"))
         if isinstance(self.group, (str, bytes)) or not hasattr(self.group, "__iter__"):
             raise TypeError(f"`group` of split item {self.item} must be a sequence of ranks; got "
                             f"{type(self.group).__name__}")
@@ -210,7 +223,7 @@ def _as_tuple(values, name: str, what: str) -> tuple:
 
 def _checked(rank: int, world_size: int, sequences, splits) -> tuple[tuple, tuple]:
     """This rank's sequences (ints, SplitItems) and the split items, checked against each other."""
-    sequences = tuple(entry if isinstance(entry, SplitItem) else as_int(entry, "sequences entry", minimum=0)
+    sequences = tuple(entry if isinstance(entry, SplitItem) else _as_length(entry, "sequences entry")
                       for entry in _as_tuple(sequences, "sequences", "lengths and SplitItems"))
     splits = _as_tuple(splits, "splits", "SplitItems")
     if not all(isinstance(split, SplitItem) for split in splits):
