@@ -46,7 +46,6 @@ Per-item rows go to every rank of the group; per-item outputs come home from gro
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from typing import Mapping
@@ -240,7 +239,7 @@ class PostBalancingDispatcher:
         reference = None if expected is None else Reference(expected.route.plan_id, expected_pieces(
             expected.sharding, home, comm_device(self.group)))
         # differentiable: every rank runs the reverse exchange, also one whose tensors need no gradient (probe55)
-        move = functools.partial(exchange_with_grad, record=True) if differentiable else exchange
+        move = exchange_with_grad if differentiable else exchange
         self._exchanged = True
         carried, self._carried = self._carried, None  # every rank raises it here (`_followed`)
         moved = move(pieces, self.transport, guard=self.guards[site], problem=carried or problem, reference=reference)

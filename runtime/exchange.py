@@ -449,18 +449,22 @@ class _Exchange(torch.autograd.Function):
 
 def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
                        guard: SchemaGuard | None = None, problem: Exception | None = None,
-                       reference: Reference | None = None, record: bool = False) -> list[torch.Tensor]:
+                       reference: Reference | None = None, record: bool = True) -> list[torch.Tensor]:
     """`exchange` that autograd can differentiate: backward moves the gradients home.
 
     torch's functional `all_to_all_single_autograd` moves one tensor along one split
     vector; this fuses several tensors on several routes, reorders rows, and runs the
     inverse route (one all-to-all) in backward.  Every rank must backpropagate through
     the outputs (an empty output included, e.g. a rank left with no items), or the
-    others wait for its backward collective until the process-group timeout.  `record` (where
-    autograd records): the floating outputs require grad also where no input does, so that this
-    rank's backward runs the reverse exchange its peers' gradients need, for an exchange where
-    some rank's inputs may require no grad while others' do (the dispatcher's `differentiable=True`:
-    a rank of no items passing fresh zeros ran none, and its peers waited in it: probe55).
+    others wait for its backward collective until the process-group timeout.  `record` (the default;
+    where autograd records): the floating outputs require grad also where no input does, so that this
+    rank's backward runs the reverse exchange its peers' gradients need, whatever each rank's inputs'
+    `requires_grad` (a rank of no items passing fresh zeros beside peers' encoder outputs recorded
+    none, and its peers waited in its backward: probe55); its cost, where no input on any rank
+    requires grad, is the reverse exchange in a backward through the outputs.  `record=False` records
+    a node only where an input requires grad: for callers whose inputs agree on `requires_grad` on
+    every rank (the multi-stage runtime's encoder outputs: frozen encoders then pay no reverse
+    exchange); a rank that disagrees leaves its peers waiting (rev55 N5: the default was False).
     """
     if transport is None:
         transport = FlatAllToAll()

@@ -405,7 +405,8 @@ class MultiStageRuntime:
         pieces = [Piece(route, tensor, step.route_tokens[entries], f"embeddings:{modality}")
                   for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
                                                               self.modalities)]
-        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=problem)
+        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=problem,
+                                     record=False)  # the encoder contract: outputs need grad on every rank alike
         return self._assemble(routes, text_embedded, arrived, moved)
 
     def _encode(self, routes: PassRoutes, moved: Dispatched, encoders, text_embedding, text_key):
