@@ -19,6 +19,15 @@ def without(grid: np.ndarray, values: np.ndarray, replica: np.ndarray, slot: np.
     return rows
 
 
+def without_each(grids: tuple, replica: np.ndarray, slot: np.ndarray, items: np.ndarray) -> tuple:
+    """`without` of each of `grids`, ((cell costs, item costs), (first-stage parts, items' parts) or (None, None)):
+    (costs, first-stage parts or None), the parts capped at the costs (float sums of what is left cross by a
+    rounding, ~2.2e-16 of the rows' max: `Pipeline.stage_times` refuses a part above its cell's cost)."""
+    (cost, values), (first, parts) = grids
+    left = without(cost, values, replica, slot, items)
+    return left, None if first is None else np.minimum(without(first, parts, replica, slot, items), left)
+
+
 def added(grid: np.ndarray, values: np.ndarray, replicas: np.ndarray, items: np.ndarray, slots: np.ndarray
           ) -> np.ndarray:
     """Per (replica, item, slot): the replica's row of `grid` with the item's value added to that slot."""

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .candidates import added, heaviest, lightest, swap_pairs, swapped, without
+from .candidates import added, heaviest, lightest, swap_pairs, swapped, without_each
 from .schedules import gpipe_time, replica_times
 from .spec import Pipeline
 
@@ -236,8 +236,7 @@ class CellSearch:
         landing = self.times[fast[0, group]] + self.item_costs[items]
         own = np.full(items.size, np.inf)  # r's time without the item: timed where it may be among the least
         timed = _may_lead(self.times[slow[group]], self.item_costs[items], landing, group, count)
-        own[timed] = self.evaluate(tuple(None if grid is None else without(grid, values, self.replica, self.slot,
-                                                                            items[timed]) for grid, values in grids))
+        own[timed] = self.evaluate(without_each(grids, self.replica, self.slot, items[timed]))
         self.work -= int(items.size - np.count_nonzero(timed)) * self.row_work  # charged as if timed
         promise = np.maximum(own, landing)
         chosen = _least_per_group(promise, group, count, ROUND_ITEMS)
@@ -302,7 +301,7 @@ class CellSearch:
             cells = (position[groups[gone]], self.slot[items[gone]])
             np.subtract.at(row, cells, values[items[gone]])  # `_move`'s float sums, in its order
             np.maximum.at(row, cells, 0)
-            rows.append(row)
+            rows.append(row if grid is self.cost else np.minimum(row, rows[0]))  # a part at most its cell's cost
         return leaving, (ahead, tuple(rows))
 
     def _swap_rows(self, r: int) -> tuple:
@@ -359,10 +358,9 @@ class CellSearch:
 
         def rows(at: np.ndarray) -> tuple:  # rows `at` of them all, ascending
             own, fit = at[at < items.size], at[at >= items.size] - items.size
-            return tuple(None if grid is None else np.concatenate([
-                without(grid, values, self.replica, self.slot, items[own]),
-                added(grid, values, others[other_index[fit]], items[item_index[fit]], slot_index[fit])])
-                for grid, values in grids)
+            return tuple(None if grid is None else np.concatenate([left, added(
+                grid, values, others[other_index[fit]], items[item_index[fit]], slot_index[fit])])
+                for (grid, values), left in zip(grids, without_each(grids, self.replica, self.slot, items[own])))
         return items, others, fits, rows
 
     def _landed(self, swap_times: np.ndarray, own_times: np.ndarray, moves: tuple) -> np.ndarray:
@@ -422,6 +420,8 @@ class CellSearch:
                 # below 0 only by rounding, the cell then emptied: clamped after each or after all, this 0
                 np.maximum.at(grid, (sources, cells), 0)
                 np.add.at(grid, (others, slots), values[items])
+        if self.first_stage is not None:  # a part at most its cell's cost (float sums of what is left may cross)
+            self.first_stage[sources, cells] = np.minimum(self.first_stage[sources, cells], self.cost[sources, cells])
         self.replica[items], self.slot[items] = others, slots
         for r, other, item in zip(sources.tolist(), others.tolist(), items.tolist()):
             if r in self.members:

@@ -126,8 +126,8 @@ class Pipeline:
         """(forward, backward) seconds of every cell: c · share on every stage and k times that, shape of
         `cell_costs` (rows, M); with `first_stage` e, the part of c that the first stage runs alone (the
         encoders, placed before the LLM's layers), (c - e) · share on every stage plus e / (1 + k) on the
-        first, shape (rows, P, M).  Both hold finite reals >= 0 (ValueError naming the argument); 0 <= e <= c is the
-        caller's to keep (the planner's running sums may cross by a rounding)."""
+        first, shape (rows, P, M).  Both hold finite reals >= 0 and e <= c (ValueError naming the argument: a part
+        above its cell's cost would run a negative time on the other stages)."""
         cells = as_non_negative_reals(cell_costs, "cell_costs")
         forward = cells * self.forward_share
         if first_stage is not None:
@@ -135,6 +135,10 @@ class Pipeline:
             if cells.ndim != 2 or first.shape != cells.shape:
                 raise ValueError(f"`cell_costs` must be (rows, M) and `first_stage` of its shape; got shapes "
                                  f"{cells.shape} and {first.shape}")
+            if np.any(first > cells):
+                at = tuple(np.argwhere(first > cells)[0].tolist())
+                raise ValueError(f"`first_stage` must be at most `cell_costs` (the part of a cell's cost the first "
+                                 f"stage runs alone); got {float(first[at])!r} > {float(cells[at])!r} at {at}")
             forward = np.repeat(((cells - first) * self.forward_share)[:, None, :], self.stages, axis=1)
             forward[:, 0, :] += first * (self.stages * self.forward_share)
         return forward, forward * self.backward_factor
