@@ -47,6 +47,7 @@ from ..balancers.plan import relative_gap
 from ..balancers.validation import as_index, is_int
 from .samples import Batch, constant, counting, every_segment, group_order
 from .shards import SampleChunks, ShardTable, TextPieces, _frozen, any_nonzero, split_layout, split_pieces
+from .lazy import Built
 from .stages import Stage
 
 
@@ -107,7 +108,8 @@ class StagePlan:
     its shard's on the first one (`split` holds the shard table and chunks; None without a split).
     An encoder item is a part of segment `item_segment[k]`: input units from `item_first_unit[k]`,
     `item_tokens[k]` embedding rows from `item_first_row[k]` (one part per segment unless a video is
-    split by frames).
+    split by frames).  An encoder stage's layout (`rank_offsets`, `rank_items`, the offsets) is built on its first
+    read (`orchestrator.lazy`): a step is costed without it.
     """
 
     stage: Stage
@@ -116,10 +118,6 @@ class StagePlan:
     item_length: np.ndarray
     source: np.ndarray
     destination: np.ndarray
-    rank_offsets: np.ndarray
-    rank_items: np.ndarray
-    item_input_offset: np.ndarray
-    item_offset: np.ndarray
     loads: np.ndarray
     tokens: np.ndarray
     makespan: float
@@ -132,6 +130,20 @@ class StagePlan:
     item_tokens: np.ndarray
     solve_seconds: float = 0.0
     split: tuple[ShardTable, SampleChunks] | None = None
+    rank_offsets: np.ndarray = Built("_layout")
+    rank_items: np.ndarray = Built("_layout")
+    item_input_offset: np.ndarray = Built("_layout")
+    item_offset: np.ndarray = Built("_layout")
+
+    def _layout(self) -> dict[str, np.ndarray]:
+        """An encoder stage's items on each rank in item order and their input and output offsets (those of the
+        LLM stage, whose inputs are its samples' text, are given)."""
+        if self.stage.is_llm:
+            raise ValueError(f"the LLM stage plan of {self.stage.name!r} needs its rank layout given")
+        rank_offsets, rank_items = group_order(self.destination, self.loads.size)
+        offsets = offsets_within_rank(rank_offsets, rank_items, self.item_length, self.item_tokens)
+        return dict(zip(("rank_offsets", "rank_items", "item_input_offset", "item_offset"),
+                        (rank_offsets, rank_items, *offsets)))
 
     @property
     def num_items(self) -> int:
@@ -212,21 +224,27 @@ class AssemblyRecipe:
 @dataclass(frozen=True, eq=False)
 class PassPlan:
     """Plans of all stages of one pass (a micro-batch, or a step of one) plus the composed
-    encoder -> LLM route (see module doc)."""
+    encoder -> LLM route (see module doc).  `compose` builds the routes; `PassPlan(batch, stages, stage_plans)`
+    composes them on the first read of a route column (`orchestrator.lazy`: the planner's passes, whose step is
+    costed from the stage plans alone)."""
 
     batch: Batch
     stages: tuple[Stage, ...]
     stage_plans: tuple[StagePlan, ...]
-    route_stage: np.ndarray
-    route_encoder_rank: np.ndarray
-    route_encoder_offset: np.ndarray
-    route_llm_rank: np.ndarray
-    route_llm_offset: np.ndarray
-    route_tokens: np.ndarray
-    route_rank_offsets: np.ndarray
-    route_rank_order: np.ndarray
-    route_segment: np.ndarray
-    route_row: np.ndarray
+    route_stage: np.ndarray = Built("_routes")
+    route_encoder_rank: np.ndarray = Built("_routes")
+    route_encoder_offset: np.ndarray = Built("_routes")
+    route_llm_rank: np.ndarray = Built("_routes")
+    route_llm_offset: np.ndarray = Built("_routes")
+    route_tokens: np.ndarray = Built("_routes")
+    route_rank_offsets: np.ndarray = Built("_routes")
+    route_rank_order: np.ndarray = Built("_routes")
+    route_segment: np.ndarray = Built("_routes")
+    route_row: np.ndarray = Built("_routes")
+
+    def _routes(self) -> dict[str, np.ndarray]:
+        """The route columns, composed from the stage plans (`compose`'s)."""
+        return routes(self.batch, self.stage_plans)
 
     @property
     def splits(self) -> bool:
@@ -365,6 +383,12 @@ def _text_spans(samples, sample_offsets, sample_lengths, embedding_sample, embed
 
 def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...]) -> PassPlan:
     """Build the PassPlan: route every segment from its encoder rank to its sample's LLM rank."""
+    return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, **routes(batch, stage_plans))
+
+
+def routes(batch: Batch, stage_plans: tuple[StagePlan, ...]) -> dict[str, np.ndarray]:
+    """The route columns of a `PassPlan` of `stage_plans` (by field name): every segment (a piece of it, where a
+    sample is split or a segment in parts) from its encoder rank to its sample's LLM rank."""
     num_segments = batch.num_segments
     stage_of_modality = np.full(len(batch.modalities), -1, dtype=np.int64)
     for index, plan in enumerate(stage_plans[:-1]):
@@ -391,7 +415,7 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
                          f"stage plan: a stage plan must hold every segment of its modality")
     llm = stage_plans[-1]
     if llm.split is not None or any(any_nonzero(plan.item_first_unit) for plan in stage_plans[:-1]):
-        return _compose_pieces(batch, stages, stage_plans, (route_stage, encoder_rank, encoder_offset))
+        return _compose_pieces(batch, stage_plans, (route_stage, encoder_rank, encoder_offset))
     owner = batch.segment_sample
     llm_rank = llm.destination[owner]
     llm_offset = llm.item_offset[owner]
@@ -407,12 +431,11 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     segment = counting(num_segments)
     order += segment
     route_rank_offsets = packed_end[llm.rank_offsets]
-    return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),
-                    route_encoder_rank=_frozen(encoder_rank), route_encoder_offset=_frozen(encoder_offset),
-                    route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),
-                    route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(route_rank_offsets),
-                    route_rank_order=_frozen(order), route_segment=_frozen(segment),
-                    route_row=constant(0, segment.size))  # whole segments: row 0, no memory
+    return dict(route_stage=_frozen(route_stage), route_encoder_rank=_frozen(encoder_rank),
+                route_encoder_offset=_frozen(encoder_offset), route_llm_rank=_frozen(llm_rank),
+                route_llm_offset=_frozen(llm_offset), route_tokens=batch.segment_tokens,
+                route_rank_offsets=_frozen(route_rank_offsets), route_rank_order=_frozen(order),
+                route_segment=_frozen(segment), route_row=constant(0, segment.size))  # whole segments: row 0
 
 
 def _sole_stage(batch: Batch, encoder_plans, stage_of_modality: np.ndarray) -> int | None:
@@ -424,9 +447,9 @@ def _sole_stage(batch: Batch, encoder_plans, stage_of_modality: np.ndarray) -> i
     return sole if sum(plan.item_segment.size for plan in encoder_plans) == batch.num_segments else None
 
 
-def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...],
-                    whole: tuple[np.ndarray, np.ndarray, np.ndarray]) -> PassPlan:
-    """`compose` of a pass with split samples or segments in parts: one route per piece
+def _compose_pieces(batch: Batch, stage_plans: tuple[StagePlan, ...],
+                    whole: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    """`routes` of a pass with split samples or segments in parts: one route per piece
     (`orchestrator.shards.split_pieces`; `whole`: every segment's stage, encoder rank and output offset)."""
     llm = stage_plans[-1]
     chunks = llm.split[1] if llm.split is not None else split_layout(batch, llm.destination, llm.degree)[1]
@@ -440,8 +463,7 @@ def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[
     before = np.concatenate(([0], np.cumsum(counts)))  # pieces of the chunks before, rank by rank
     order = np.repeat((np.cumsum(per_chunk) - per_chunk)[chunk_order] - before[:-1], counts) + np.arange(before[-1])
     offsets = before[chunk_offsets]
-    return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=pieces.stage,
-                    route_encoder_rank=pieces.encoder_rank, route_encoder_offset=pieces.encoder_offset,
-                    route_llm_rank=pieces.llm_rank, route_llm_offset=pieces.llm_offset, route_tokens=pieces.tokens,
-                    route_rank_offsets=_frozen(offsets), route_rank_order=_frozen(order),
-                    route_segment=pieces.segment, route_row=pieces.row)
+    return dict(route_stage=pieces.stage, route_encoder_rank=pieces.encoder_rank,
+                route_encoder_offset=pieces.encoder_offset, route_llm_rank=pieces.llm_rank,
+                route_llm_offset=pieces.llm_offset, route_tokens=pieces.tokens, route_rank_offsets=_frozen(offsets),
+                route_rank_order=_frozen(order), route_segment=pieces.segment, route_row=pieces.row)

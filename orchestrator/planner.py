@@ -43,7 +43,7 @@ from ..topology import PLACEMENTS, place
 from .frames import split_frames, stage_costs, stage_frames, stage_pricing
 from .options import LOCALITY, as_topology, plan_options
 from .pipeline import cell_costs, faster_run, planned_run, under_llm_costs
-from .plan import StagePlan, _frozen, compose, constant, offsets_within_rank
+from .plan import PassPlan, StagePlan, _frozen, constant, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import chunk_ranks, split_layout
 from .stages import (Stage, StageItems, check_microbatched_llm, check_stages, input_bytes, item_tokens,
@@ -92,10 +92,9 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
         loads, tokens, makespan, bound = balanced.loads, balanced.tokens, balanced.makespan, balanced.lower_bound
         seconds = balanced.solve_seconds
     outputs = item_tokens(batch, stage, items) if outputs is None else outputs
-    inputs = batch.sample_text if stage.is_llm else item_length
     source = batch.sample_source if stage.is_llm else batch.sample_source[item_sample]
     degree = getattr(balanced, "degree", None)
-    split = None
+    split, layout = None, {}  # an encoder's layout: built on first read (`StagePlan._layout`)
     if degree is not None and stage.is_llm and np.any(degree > 1):
         split = split_layout(batch, destination, degree)
         shards = split[0]
@@ -104,10 +103,13 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
         item_offset, item_input_offset = np.empty_like(item_length), np.empty_like(item_length)
         item_offset[rank_items[first]] = shards.offset[first]
         item_input_offset[rank_items[first]] = shards.text_offset[first]
-        item_offset, item_input_offset = _frozen(item_offset), _frozen(item_input_offset)
-    else:
+        layout = dict(rank_offsets=rank_offsets, rank_items=rank_items, item_offset=_frozen(item_offset),
+                      item_input_offset=_frozen(item_input_offset))
+    elif stage.is_llm:
         rank_offsets, rank_items = group_order(destination, num_ranks)
-        item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, outputs)
+        offsets = offsets_within_rank(rank_offsets, rank_items, batch.sample_text, outputs)
+        layout = dict(zip(("rank_offsets", "rank_items", "item_input_offset", "item_offset"),
+                          (rank_offsets, rank_items, *offsets)))
     item_time = getattr(balanced, "item_time", None) if item_time is None else item_time
     if item_time is None and balanced is not None and balanced.cost == stage.cost:
         item_time = getattr(balanced, "item_costs", None)  # the balancer's, of these very lengths
@@ -117,15 +119,14 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     degree = constant(1, item_sample.size) if degree is None else _frozen(degree)
     whole = constant(0, item_sample.size)
     first_unit, first_row = (whole, whole) if parts is None else (parts.first_unit, parts.first_row)
-    for array in (item_sample, item_segment, destination, source, item_time, first_unit, first_row, outputs):
+    for array in (item_sample, item_segment, item_length, destination, source, item_time, first_unit, first_row,
+                  outputs):
         array.setflags(write=False)
     return StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
-                     source=source, destination=destination, rank_offsets=rank_offsets, rank_items=rank_items,
-                     item_input_offset=item_input_offset, item_offset=item_offset, loads=loads, tokens=tokens,
-                     makespan=makespan, lower_bound=bound, algorithm=algorithm,
-                     degree=degree,
-                     item_time=item_time, item_first_unit=first_unit, item_first_row=first_row, item_tokens=outputs,
-                     solve_seconds=seconds, split=split)
+                     source=source, destination=destination, loads=loads, tokens=tokens, makespan=makespan,
+                     lower_bound=bound, algorithm=algorithm, degree=degree, item_time=item_time,
+                     item_first_unit=first_unit, item_first_row=first_row, item_tokens=outputs, solve_seconds=seconds,
+                     split=split, **layout)
 
 
 def checked(batch: Batch) -> Batch:
@@ -257,7 +258,7 @@ class Orchestrator:
         llm = stage_named(self._plan_stage, uniform, batch, llm_stage, stage_items(batch, llm_stage), None)
         plans = tuple(stage_named(self._plan_stage, uniform, batch, stage, stage_items(batch, stage), llm)
                       for stage in encoders) + (llm,)
-        return StepPlan(batch=batch, stages=self.stages, microbatches=(compose(batch, self.stages, plans),),
+        return StepPlan(batch=batch, stages=self.stages, microbatches=(PassPlan(batch, self.stages, plans),),
                         microbatch_samples=(llm.item_sample,),  # the LLM's items: every sample, in order
                         planning_seconds=time.perf_counter() - start)
 
@@ -359,7 +360,7 @@ class Orchestrator:
                              balanced=None if passes is None else passes[len(samples)])
             stage_plans = [self._microbatch_stage(sub, stage, llm, len(samples)) for stage in encoders]
             samples.append(members)
-            plans.append(compose(sub, self.stages, (*stage_plans, llm)))
+            plans.append(PassPlan(sub, self.stages, (*stage_plans, llm)))  # routes built on first read
         run = dict(cells=cells, microbatches=tuple(plans), microbatch_samples=tuple(samples))
         if self.options.pipeline is not None:
             run = planned_run(batch, self.stages, options=self.options, **run)

@@ -1,0 +1,50 @@
+"""Fields of a frozen dataclass built on their first read: what a plan holds for the runtime (a pass's routes), not
+for its cost, so that a plan made to be costed (a search, a benchmark) never builds it.
+
+    @dataclass(frozen=True, eq=False)
+    class Plan:
+        inputs: ...
+        route: np.ndarray = Built("_routes")      # Plan(inputs) builds it on the first `plan.route`
+        def _routes(self) -> dict: ...            # every Built field of the class, by name
+
+A value given at construction (`Plan(inputs, route=...)`, `dataclasses.replace`) is kept; the builder fills the
+others, all at once.  It reads only the instance's own frozen fields, so a field reads the same whenever it is
+built, and a plan pickles and copies with whatever it has built so far.
+"""
+
+from __future__ import annotations
+
+
+class _Unset:
+    """The default of a `Built` field: not given, built on the first read."""
+
+    def __repr__(self) -> str:
+        return "<built on first read>"
+
+
+UNSET = _Unset()
+
+
+class Built:
+    """A dataclass field (a data descriptor: its default is `UNSET`) read from the instance's `__dict__`, filled by
+    the method named `builder` (which returns every `Built` field's value by name) where it was not given."""
+
+    def __init__(self, builder: str):
+        self.builder = builder
+        self.name = ""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return UNSET
+        values = instance.__dict__
+        if self.name not in values:
+            for name, value in getattr(instance, self.builder)().items():
+                values.setdefault(name, value)
+        return values[self.name]
+
+    def __set__(self, instance, value) -> None:
+        if value is not UNSET:
+            instance.__dict__[self.name] = value

@@ -1,0 +1,74 @@
+"""What a plan builds on first read (`orchestrator.lazy`): a planned pass's routes and its encoder stages' layouts are
+those `compose` and `group_order` / `offsets_within_rank` build eagerly, whenever and however they are read."""
+
+import dataclasses
+import pickle
+
+import numpy as np
+import pytest
+
+from orchmllm import ContextParallel, Orchestrator
+from orchmllm.orchestrator.plan import PassPlan, compose, offsets_within_rank
+from orchmllm.orchestrator.samples import group_order
+from orchmllm.study.models import MODELS
+from orchmllm.study.simulator import cluster
+from orchmllm.study.workloads import sample_workload
+
+ROUTES = [field.name for field in dataclasses.fields(PassPlan) if field.name.startswith("route_")]
+LAYOUT = ("rank_offsets", "rank_items", "item_input_offset", "item_offset")
+
+
+def _steps():
+    """A micro-batched step that splits samples (the long workload) and a plain step of the default mix, on 128 ranks
+    (up to `WHOLE_STEP_RANKS` the steps of other placements are compared by the bytes they move: routes read)."""
+    stages = MODELS["84b"].stages()
+    split = Orchestrator(stages, cluster(128), context_parallel=ContextParallel(), max_tokens_per_microbatch=32768)
+    return (split.plan(sample_workload("long", 128, 16, seed=11)),
+            Orchestrator(stages, cluster(128)).plan(sample_workload("default", 128, 16, seed=11)))
+
+
+@pytest.fixture(scope="module")
+def steps():
+    return _steps()
+
+
+def test_routes_are_composed_on_first_read_as_compose_builds_them(steps):
+    split_step, plain_step = steps
+    assert split_step.num_microbatches > 1 and any(plan.llm.split is not None for plan in split_step.microbatches)
+    for plan in (*split_step.microbatches, *plain_step.microbatches):
+        assert not set(ROUTES) & set(vars(plan))  # planned and costed without its routes
+        eager = compose(plan.batch, plan.stages, plan.stage_plans)
+        plan.route_row  # one read builds them all
+        assert set(ROUTES) <= set(vars(plan))
+        for name in ROUTES:
+            assert np.array_equal(getattr(plan, name), getattr(eager, name)), name
+            assert getattr(plan, name) is vars(plan)[name]  # built once
+
+
+def test_encoder_layouts_are_built_on_first_read_as_the_stage_plan_built_them(steps):
+    for plan in (*steps[0].microbatches, *steps[1].microbatches):
+        for stage_plan in plan.stage_plans[:-1]:
+            offsets, items = group_order(stage_plan.destination, plan.num_ranks)
+            inputs, outputs = offsets_within_rank(offsets, items, stage_plan.item_length, stage_plan.item_tokens)
+            for name, expected in zip(LAYOUT, (offsets, items, inputs, outputs)):
+                assert np.array_equal(getattr(stage_plan, name), expected), name
+        assert set(LAYOUT) <= set(vars(plan.llm))  # the LLM stage's are given
+
+
+def test_given_routes_are_kept_and_plans_stay_frozen():
+    plan = _steps()[0].microbatches[0]
+    moved = plan.route_llm_offset + 1  # replace reads (builds) the others and keeps the one given
+    changed = dataclasses.replace(plan, route_llm_offset=moved)
+    assert changed.route_llm_offset is moved and np.array_equal(changed.route_row, plan.route_row)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.route_row = moved
+    llm = plan.llm
+    with pytest.raises(ValueError, match="needs its rank layout given"):
+        dataclasses.replace(llm, **{name: llm.__dataclass_fields__[name].default for name in LAYOUT}).rank_items
+
+
+def test_an_unbuilt_plan_pickles_and_builds_the_same_routes():
+    plan = _steps()[0].microbatches[-1]
+    copy = pickle.loads(pickle.dumps(plan))
+    assert not set(ROUTES) & set(vars(copy))
+    assert copy.digest() == plan.digest()
