@@ -75,3 +75,31 @@ def test_regression_the_reordered_start_was_made_whole_to_show_it_behind(monkeyp
                                 pipeline=Pipeline(8, "interleaved", 2))
     assert 0 < max(reordered) < 2560  # the parent: 2560
     assert plan.pipeline.step_time < plan.pipeline.unaware_step_time
+
+
+def test_regression_the_reordered_rows_shown_behind_were_a_walk_of_their_own(monkeypatch):
+    """D = 2560 x 32, M = 32, interleaved, seed 29: `_behind_for_good` timed the reordered plain cells' ~440 rows of
+    largest sums in a walk of its own (one walk's fixed cost, ~1 ms); they are timed in the starts' walk now
+    (`planner._reordered_rows`, M >= AHEAD_FROM·P), and the plan is the one their own walk gave."""
+    walks, inside, timed, shown_behind = [], [], planner._timed, planner._behind_for_good
+    monkeypatch.setattr(planner, "_timed", lambda *args: walks.append(bool(inside)) or timed(*args))
+
+    def watched(*args):
+        inside.append(1)
+        try:
+            return shown_behind(*args)
+        finally:
+            inside.pop()
+    monkeypatch.setattr(planner, "_behind_for_good", watched)
+    lengths = sample_workload("default", 2560, 32, 29).sample_llm_length
+    kwargs = dict(max_tokens_per_microbatch=16384, cost=COST, num_microbatches=32,
+                  pipeline=Pipeline(8, "interleaved", 2))
+    plan = balance_microbatches(lengths, 2560, **kwargs)
+    assert walks and not any(walks)  # the parent: one walk inside `_behind_for_good`
+    walks.clear()
+    monkeypatch.setattr(planner, "AHEAD_FROM", 10**6)  # those rows not timed with the starts: their own walk
+    alone = balance_microbatches(lengths, 2560, **kwargs)
+    assert any(walks)
+    for ours, theirs in ((plan.rank, alone.rank), (plan.microbatch, alone.microbatch),
+                         (plan.pipeline.replica_times, alone.pipeline.replica_times)):
+        np.testing.assert_array_equal(ours, theirs)

@@ -64,6 +64,7 @@ WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget,
 DEFAULT_WORK = 20_000_000
 PROBE_ROWS = 16  # replicas of a shaped start timed to show it slower than the other (`_start_times`)
 STALL_ROWS, PROVEN_FROM = 64, 512  # a start's replicas timed to show its step and its search's stall (`_proving_rows`)
+AHEAD_FROM = 4  # micro-batches per stage from which `_behind_for_good`'s rows of the reordered cells join the starts'
 
 
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
@@ -84,7 +85,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     bound = certified_bound(problem, pipeline, np.array([num_microbatches]), first_stage)
     floor = max(tau * mean * (1 + STOP_GAP), bound)
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
-    early = _reordered_rows(pipeline, cells[0])  # timed with the starts
+    early = _reordered_rows(problem, pipeline, cells[0], rank, work)  # timed with the starts
     heights = heights_start(problem, num_microbatches, pipeline, bound) if pipeline.schedule == "gpipe" and \
         firsts is None and not problem.padded else None
     if heights is not None:  # GPipe's start by heights: its one shaped start, the plain cells not searched (module)
@@ -93,7 +94,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     else:
         times, partial = _shaped_starts(problem, pipeline, num_microbatches, mean, (placed, cells, summed),
                                         first_stage, early)
-    early = None if early is None else times.pop()
+    early, ahead = (None, None) if early is None else _split(early, times.pop())
     shaped = range(1, len(cells))
     best = _fastest(times)
     if float(times[best].max()) <= floor:  # the search would stop at once (`search`)
@@ -120,7 +121,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
                 float(times[begin].max()) > rival * (1 + SUMS_DRIFT):
             continue  # its search would end where it starts, above the rival (below): its other replicas never timed
         if float(times[begin].max()) > rival * (1 + SUMS_DRIFT) and \
-                _behind_for_good(problem, pipeline, (placed, cells, partial), times, begin, (rival, work)):
+                _behind_for_good(problem, pipeline, (placed, cells, partial), times, begin, (rival, work), ahead):
             continue  # more of its replicas run above the rival than its search can lower: it would end behind (below)
         _whole(pipeline, cells, times, partial, begin)
         replica, slot = _places(placed, begin)
@@ -236,12 +237,41 @@ def _start(pipeline: Pipeline, starts: tuple, times: list, partial: set, index: 
     return (*_places(placed, index), float(times[0].max()), (cost, firsts, times[index]), summed.get(index))
 
 
-def _reordered_rows(pipeline: Pipeline, plain: tuple) -> tuple | None:
+def _reordered_rows(problem: MicroBatchProblem, pipeline: Pipeline, plain: tuple, rank: np.ndarray, work: int
+                    ) -> tuple | None:
     """(The plain cells' STALL_ROWS rows holding their step and their reordering's (`_add_reordered`), where those are
-    few (`_proving_rows`), and the plain cells reordered in each replica (`order.mountain`) on them, as cells (costs
-    alone)); None for GPipe (order-free)."""
+    few (`_proving_rows`), the plain cells reordered in each replica (`order.mountain`) on them, as cells (costs
+    alone), then (interleaved, M >= AHEAD_FROM·P) on the rows `_behind_for_good` times that reordering on
+    (`_largest_sums`), and how many those are (else None)); None for GPipe (order-free).  `rank`: the plain cells'
+    replica per item; `work`: the search's budget.  D = 2560 x 32, M = 32 (seeds 5, 7, 13, 29, 41) reaches it on ~440
+    rows, their own walk ~2.5 ms, ~0.4 ms in the starts'; M = 16 timed ~800 rows for nothing there (the reordered cells
+    stall at once, `behind.stalls_at_once`), and D = 512, M = 32 reached it on 24 of 60 rows (seeds 390-392)."""
     rows = None if pipeline.schedule == "gpipe" else _proving_rows(plain, STALL_ROWS)
-    return None if rows is None else (rows, _mountain_rows(plain[0], rows))
+    if rows is None:
+        return None
+    ahead = pipeline.schedule == "interleaved" and plain[0].shape[1] >= AHEAD_FROM * pipeline.stages
+    lowered = _lowered(problem, pipeline, plain[0], rank, work) if ahead else None
+    ahead = None if lowered is None or lowered >= plain[0].shape[0] else _largest_sums(plain[0], lowered)
+    return rows, _mountain_rows(plain[0], rows if ahead is None else np.concatenate([rows, ahead])), \
+        None if ahead is None else ahead.size
+
+
+def _split(early: tuple, times: np.ndarray) -> tuple:
+    """(The reordered plain cells' times on their rows holding the step, on `_behind_for_good`'s rows or None) of
+    their times on the rows of `_reordered_rows` (`early`)."""
+    return times[:early[0].size], None if early[2] is None else times[early[0].size:]
+
+
+def _lowered(problem: MicroBatchProblem, pipeline: Pipeline, cost: np.ndarray, replica: np.ndarray, work: int) -> int:
+    """`behind.lowered_at_most` of a start's cells `cost` (D, M), `replica` per item, and the search's budget `work`."""
+    size = cost.shape[0]
+    return lowered_at_most(pipeline, cost.shape[1], np.bincount(replica, minlength=size), work, problem.padded)
+
+
+def _largest_sums(cost: np.ndarray, lowered: int) -> np.ndarray:
+    """The `lowered` + 1 rows of cells `cost` (D, M) of largest sums, ascending (`_behind_for_good`)."""
+    size = cost.shape[0]
+    return np.sort(np.argpartition(cost.sum(axis=1), size - lowered - 1)[size - lowered - 1:])
 
 
 def _mountain_rows(cost: np.ndarray, rows: np.ndarray) -> tuple:
@@ -272,28 +302,30 @@ def _proving_rows(cell: tuple, count: int) -> np.ndarray | None:
 
 
 def _behind_for_good(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple, times: list, index: int,
-                     reach: tuple) -> bool:
+                     reach: tuple, ahead: np.ndarray | None = None) -> bool:
     """Whether the search from start `index` (`starts`: placed, cells, partial; uniform stages) must end above the
     rival step (`reach`: it and the search's budget): more of its replicas run longer than the rival than the search
     can lower (`behind.lowered_at_most`); where the start is timed on some rows alone (`_proving_rows`), shown on its
     rows of largest sums (the reordered plain cells at D = 2560 x 32, M = 32, interleaved: every replica ~24 % above
     the rival, their rounds ~6 ms, then dropped, their other replicas' times ~4 ms).  The reordered plain cells, made
     on first use (`_add_reordered`), are not made whole here: their replicas are the plain cells' and those rows alone
-    are reordered (any rows show it: D = 2560 x 32, M = 32, interleaved, ~5 ms of ~50 where it is not searched)."""
+    are reordered (any rows show it: D = 2560 x 32, M = 32, interleaved, ~5 ms of ~50 where it is not searched), and
+    timed with the starts where given (`ahead`: their times on these rows, `_reordered_rows`)."""
     (placed, cells, partial), (rival, work) = starts, reach
     deferred = callable(cells[index])  # the plain cells reordered in each replica, not made yet
     cost, _, firsts = cells[0] if deferred else cells[index]
     size = cost.shape[0]
     if firsts is not None:
         return False
-    replica = placed[0][0] if deferred else _places(placed, index)[0]
-    lowered = lowered_at_most(pipeline, cost.shape[1], np.bincount(replica, minlength=size), work, problem.padded)
+    lowered = _lowered(problem, pipeline, cost, placed[0][0] if deferred else _places(placed, index)[0], work)
     if lowered >= size:
         return False
     level = rival * (1 + SUMS_DRIFT)
     if index not in partial:
         return float(np.partition(times[index], size - lowered - 1)[size - lowered - 1]) > level
-    rows = np.sort(np.argpartition(cost.sum(axis=1), size - lowered - 1)[size - lowered - 1:])
+    if deferred and ahead is not None:
+        return float(ahead.min()) > level
+    rows = _largest_sums(cost, lowered)
     shown = _timed(pipeline, [_mountain_rows(cost, rows)]) if deferred else _timed(pipeline, [cells[index]], [rows])
     return float(shown[0].min()) > level
 
