@@ -41,7 +41,8 @@ says why, the others raise `PeerInputError` naming it), never a hang. During att
 group's ranks exchange, each with the peers the agreed layout names; a peer that died or
 never reached the call surfaces at the process group's timeout as `ContextParallelError`
 naming the items and groups; peers whose keys and values differ in dtype or shape raise it at
-once, before any payload (one header row per peer at a layout's first call: `cp_rows.py`).
+once, before any payload (one header row per peer at a layout's first call, and at an earlier layout's
+first call after a build, where a stale layout is named: `cp_rows.py`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from ..balancers.context_parallel.layout import chunk_sizes, shard_positions
 from ..balancers.validation import as_bool, as_index, as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
 from .comm import group_rank, group_size
-from .cp_rows import ContextParallelError, agree_rows, row_schema
+from .cp_rows import ContextParallelError, check_rows, note_build
 from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 
 __all__ = ["ContextParallelError", "ContextParallelLayout", "SplitItem", "context_parallel_attention"]
@@ -135,7 +136,7 @@ class _Exchange:
     peer_items: dict  # peer -> "split item 7 on group (0, 1), ..." for error messages
     cache: dict = field(default_factory=dict)
     agreed: dict = field(default_factory=dict)  # the first call's "mask", and whether its gathered keys had "padding"
-    schemas: set = field(default_factory=set)  # the row schemas its peers agreed on (`cp_rows`)
+    schemas: dict = field(default_factory=dict)  # row schema its peers agreed on -> the group's builds then
 
     def indices(self, device) -> dict:
         """The index arrays as int64 tensors on `device` (made once per device)."""
@@ -179,6 +180,7 @@ class ContextParallelLayout:
             _agree(FAILED_INPUT, group)
             raise type(error)(f"rank {rank}: {error}") from None
         _agree(digest, group)
+        note_build(group)  # an exchange of an earlier layout swaps its header again (a stale layout: `cp_rows`)
         return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group)
 
     @classmethod
@@ -414,9 +416,7 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     if exchange.buffer_rows or exchange.send_rows:
         # each row's flag column: 1 where it is a key (0: padding), + 2 under a causal mask, so a peer's padding
         # reaches ranks that pass no mask, and a peer of the group calling with another `causal` is found
-        if (schema := row_schema(key, value)) not in exchange.schemas:  # before a payload of another size aborts
-            agree_rows(schema, exchange, layout.group, _p2p, key.device)
-            exchange.schemas.add(schema)
+        check_rows(key, value, exchange, layout, _p2p)  # before a payload of another size aborts (`cp_rows`)
         flags = (torch.ones(tokens, 1) if valid is None else valid[:, None]) + 2.0 * causal
         rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), flags.to(key.dtype).to(key.device)],
                          dim=1)

@@ -9,7 +9,14 @@ payload of every row schema an exchange sees, each peer pair swaps one header ro
 (dtype, key and value shape) and, in the last column where the payload rows carry their flags, a digest
 of them, which decides; every rank of a pair whose schemas differ raises `ContextParallelError` naming
 both.  A float64 row of a fixed size: it never aborts, whatever the schemas.  A schema agreed once is
-not swapped again (the layers of a model share theirs: one header round per micro-batch).
+not swapped again (the layers of a model share theirs: one header round per micro-batch) until a
+`ContextParallelLayout.build` over the group, a collective that every rank of it counts alike: then an
+exchange swaps the header again at its next call, whose words also carry a digest of the layout's split
+items.  A rank that kept an earlier micro-batch's layout while its peers built new ones swapped no header
+where they did (the payload then misread or aborted as above: fix56); now it does, and every rank of a
+pair whose split items differ raises naming the stale layout.  (Layouts from `planned`, the dispatcher's,
+are made fresh on every rank and count no build: a rank reusing one of them beside peers' fresh ones
+is not caught.)
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import torch
 
 from .comm import group_rank
 
-__all__ = ["ContextParallelError", "agree_rows", "row_schema"]
+__all__ = ["ContextParallelError", "agree_rows", "check_rows", "note_build", "row_schema"]
+
+BUILDS: dict = {}  # process group (None: the world) -> `ContextParallelLayout.build`s over it in this process
 
 
 class ContextParallelError(RuntimeError):
@@ -36,17 +45,38 @@ def row_schema(key: torch.Tensor, value: torch.Tensor) -> tuple[int, ...]:
     return (code, *key.shape[1:], *value.shape[1:])
 
 
+def note_build(group) -> None:
+    """Count a `ContextParallelLayout.build` over `group` (a collective: every rank of it counts it alike)."""
+    BUILDS[group] = BUILDS.get(group, 0) + 1
+
+
+def split_digest(splits) -> int:
+    """A digest of a layout's split items (the same on every rank of a micro-batch), below 2**32."""
+    return zlib.crc32(repr([(split.item, split.length, split.group) for split in splits]).encode())
+
+
+def check_rows(key: torch.Tensor, value: torch.Tensor, exchange, layout, p2p) -> None:
+    """Before an attention call's payload: swap the header with `exchange`'s peers where its row schema is new
+    to it, or a build over the layout's group came since it last swapped (`exchange.schemas`: schema -> the
+    group's build count then)."""
+    schema, builds = row_schema(key, value), BUILDS.get(layout.group, 0)
+    if exchange.schemas.get(schema) != builds:
+        agree_rows(schema, exchange, layout.group, p2p, key.device, split_digest(layout.splits))
+        exchange.schemas[schema] = builds
+
+
 def _shown(words: list[int]) -> str:
     code, key, value = words[0], words[1:3], words[3:5]
     dtype = DTYPES[code] if 0 <= code < len(DTYPES) else "another dtype"
     return f"{str(dtype).removeprefix('torch.')} keys {tuple(key)}, values {tuple(value)} (heads, dim)"
 
 
-def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device) -> None:
-    """Swap `schema`'s header row with every peer of `exchange` through `p2p` (the call's point-to-point
-    exchange), on `device` (the payload rows': NCCL moves no CPU tensor); ContextParallelError naming the
-    peers whose rows differ, on both ranks of each pair.  One host read for all peers' digests."""
-    words = torch.tensor(schema, dtype=torch.float64)
+def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device, splits: int = 0) -> None:
+    """Swap `schema`'s header row (and `splits`, the layout's `split_digest`) with every peer of `exchange`
+    through `p2p` (the call's point-to-point exchange), on `device` (the payload rows': NCCL moves no CPU
+    tensor); ContextParallelError naming the peers whose rows or split items differ, on both ranks of each
+    pair.  One host read for all peers' digests."""
+    words = torch.tensor((*schema, splits), dtype=torch.float64)
     digest = float(zlib.crc32(words.numpy().tobytes()))  # below 2**32: exact in float64
     header = torch.cat([words, torch.tensor([digest], dtype=torch.float64)])[None, :].to(device)
     peers = sorted(exchange.send_rows)
@@ -55,8 +85,14 @@ def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.devi
     p2p(sends, recvs, exchange, group, "forward")
     rows = torch.cat([recvs[peer] for peer in peers]).cpu().tolist() if peers else []
     differ = [(peer, row) for peer, row in zip(peers, rows) if row[-1] != digest]
+    if stale := [peer for peer, row in differ if [int(w) for w in row[:-2]] == list(schema)]:
+        raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers "
+                                   f"{', '.join(f'rank {peer} ({exchange.peer_items[peer]})' for peer in stale)} "
+                                   f"attend with a layout of other split items than this rank's; a layout kept "
+                                   f"from an earlier micro-batch on some rank? every rank must attend with the "
+                                   f"layout it built for this micro-batch")
     if differ:
-        theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown([int(w) for w in row[:-1]])}"
+        theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown([int(w) for w in row[:-2]])}"
                            for peer, row in differ)
         raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers pass keys "
                                    f"and values of another dtype or shape (here {_shown(list(schema))}; {theirs}); "
