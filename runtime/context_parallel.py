@@ -42,7 +42,7 @@ group's ranks exchange, each with the peers the agreed layout names; a peer that
 never reached the call surfaces at the process group's timeout as `ContextParallelError`
 naming the items and groups; peers whose keys and values differ in dtype or shape raise it at
 once, before any payload (one header row per peer at a layout's first call, and at an earlier layout's
-first call after a build, where a stale layout is named: `cp_rows.py`).
+first call in a new epoch of its group, where a stale layout is named: `cp_rows.py`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from ..balancers.context_parallel.layout import chunk_sizes, shard_positions
 from ..balancers.validation import as_bool, as_index, as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
 from .comm import group_rank, group_size
-from .cp_rows import ContextParallelError, check_rows, note_build
+from .cp_rows import ContextParallelError, check_rows, epoch, note_epoch
 from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 
 __all__ = ["ContextParallelError", "ContextParallelLayout", "SplitItem", "context_parallel_attention"]
@@ -165,6 +165,7 @@ class ContextParallelLayout:
     splits: tuple[SplitItem, ...]
     lengths: tuple[int, ...]
     group: object = None  # the process group whose ranks `splits` names (None: the world)
+    epoch: int = 0  # the group's layout epoch when it was made (`cp_rows`: a stale layout is named)
     exchanges: dict = field(default_factory=dict)  # causal -> _Exchange, made on first use
 
     @classmethod
@@ -180,8 +181,8 @@ class ContextParallelLayout:
             _agree(FAILED_INPUT, group)
             raise type(error)(f"rank {rank}: {error}") from None
         _agree(digest, group)
-        note_build(group)  # an exchange of an earlier layout swaps its header again (a stale layout: `cp_rows`)
-        return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group)
+        note_epoch(group)  # an exchange of an earlier layout swaps its header again (a stale layout: `cp_rows`)
+        return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group, epoch(group))
 
     @classmethod
     def planned(cls, rank: int, world_size: int, sequences, splits, *, group=None) -> "ContextParallelLayout":
@@ -191,7 +192,7 @@ class ContextParallelLayout:
         world_size = as_int(world_size, "world_size", minimum=1)  # (probe55: rank 3 of 2 and 0 ranks were taken)
         rank = as_index(rank, "rank", world_size, "world_size")
         sequences, splits = _checked(rank, world_size, sequences, splits)
-        return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group)
+        return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group, epoch(group))
 
     @property
     def num_tokens(self) -> int:

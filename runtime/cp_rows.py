@@ -9,14 +9,14 @@ payload of every row schema an exchange sees, each peer pair swaps one header ro
 (dtype, key and value shape) and, in the last column where the payload rows carry their flags, a digest
 of them, which decides; every rank of a pair whose schemas differ raises `ContextParallelError` naming
 both.  A float64 row of a fixed size: it never aborts, whatever the schemas.  A schema agreed once is
-not swapped again (the layers of a model share theirs: one header round per micro-batch) until a
-`ContextParallelLayout.build` over the group, a collective that every rank of it counts alike: then an
-exchange swaps the header again at its next call, whose words also carry a digest of the layout's split
-items.  A rank that kept an earlier micro-batch's layout while its peers built new ones swapped no header
-where they did (the payload then misread or aborted as above: fix56); now it does, and every rank of a
-pair whose split items differ raises naming the stale layout.  (Layouts from `planned`, the dispatcher's,
-are made fresh on every rank and count no build: a rank reusing one of them beside peers' fresh ones
-is not caught.)
+not swapped again (the layers of a model share theirs: one header round per micro-batch) until a new
+layout epoch of the group: a collective that every rank of it counts alike, `ContextParallelLayout.build`
+or a dispatcher's exchange (`note_epoch`).  Then an exchange swaps the header again at its next call, and
+the header's words carry a digest of the layout's epoch (when it was made) and split items.  A rank that
+kept an earlier micro-batch's layout while its peers built new ones swapped no header where they did (the
+payload then misread or aborted as above: fix56); now it does, and every rank of the pair raises naming
+the stale layout.  A layout used again on every rank (a recompute) swaps alike and agrees.  Not caught: a
+layout reused within one epoch (a `planned` layout of another micro-batch of the same dispatched step).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import torch
 
 from .comm import group_rank
 
-__all__ = ["ContextParallelError", "agree_rows", "check_rows", "note_build", "row_schema"]
+__all__ = ["ContextParallelError", "agree_rows", "check_rows", "epoch", "note_epoch", "row_schema"]
 
-BUILDS: dict = {}  # process group (None: the world) -> `ContextParallelLayout.build`s over it in this process
+EPOCHS: dict = {}  # process group (None: the world) -> its layout epochs (`note_epoch`) in this process
 
 
 class ContextParallelError(RuntimeError):
@@ -45,24 +45,29 @@ def row_schema(key: torch.Tensor, value: torch.Tensor) -> tuple[int, ...]:
     return (code, *key.shape[1:], *value.shape[1:])
 
 
-def note_build(group) -> None:
-    """Count a `ContextParallelLayout.build` over `group` (a collective: every rank of it counts it alike)."""
-    BUILDS[group] = BUILDS.get(group, 0) + 1
+def note_epoch(group) -> None:
+    """A new layout epoch of `group`: a collective after which its layouts are new (a `ContextParallelLayout.build`,
+    a dispatcher's exchange), which every rank of the group counts alike."""
+    EPOCHS[group] = EPOCHS.get(group, 0) + 1
 
 
-def split_digest(splits) -> int:
-    """A digest of a layout's split items (the same on every rank of a micro-batch), below 2**32."""
-    return zlib.crc32(repr([(split.item, split.length, split.group) for split in splits]).encode())
+def epoch(group) -> int:
+    return EPOCHS.get(group, 0)
+
+
+def layout_digest(layout) -> int:
+    """A digest of a layout's epoch and split items (the same on every rank of a micro-batch), below 2**32."""
+    return zlib.crc32(repr([layout.epoch, *((split.item, split.length, split.group) for split in layout.splits)])
+                      .encode())
 
 
 def check_rows(key: torch.Tensor, value: torch.Tensor, exchange, layout, p2p) -> None:
     """Before an attention call's payload: swap the header with `exchange`'s peers where its row schema is new
-    to it, or a build over the layout's group came since it last swapped (`exchange.schemas`: schema -> the
-    group's build count then)."""
-    schema, builds = row_schema(key, value), BUILDS.get(layout.group, 0)
-    if exchange.schemas.get(schema) != builds:
-        agree_rows(schema, exchange, layout.group, p2p, key.device, split_digest(layout.splits))
-        exchange.schemas[schema] = builds
+    to it, or the layout's group began an epoch since it last swapped (`exchange.schemas`: schema -> the epoch)."""
+    schema, now = row_schema(key, value), epoch(layout.group)
+    if exchange.schemas.get(schema) != now:
+        agree_rows(schema, exchange, layout.group, p2p, key.device, layout_digest(layout))
+        exchange.schemas[schema] = now
 
 
 def _shown(words: list[int]) -> str:
@@ -72,7 +77,7 @@ def _shown(words: list[int]) -> str:
 
 
 def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device, splits: int = 0) -> None:
-    """Swap `schema`'s header row (and `splits`, the layout's `split_digest`) with every peer of `exchange`
+    """Swap `schema`'s header row (and `splits`, the layout's `layout_digest`) with every peer of `exchange`
     through `p2p` (the call's point-to-point exchange), on `device` (the payload rows': NCCL moves no CPU
     tensor); ContextParallelError naming the peers whose rows or split items differ, on both ranks of each
     pair.  One host read for all peers' digests."""
@@ -88,9 +93,9 @@ def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.devi
     if stale := [peer for peer, row in differ if [int(w) for w in row[:-2]] == list(schema)]:
         raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers "
                                    f"{', '.join(f'rank {peer} ({exchange.peer_items[peer]})' for peer in stale)} "
-                                   f"attend with a layout of other split items than this rank's; a layout kept "
-                                   f"from an earlier micro-batch on some rank? every rank must attend with the "
-                                   f"layout it built for this micro-batch")
+                                   f"attend with a layout of another micro-batch (other split items, or made "
+                                   f"before or after this rank's); a layout kept from an earlier micro-batch on "
+                                   f"some rank? every rank must attend with this micro-batch's layout")
     if differ:
         theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown([int(w) for w in row[:-2]])}"
                            for peer, row in differ)

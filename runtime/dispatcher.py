@@ -62,6 +62,7 @@ from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table
 from .alltoall import runtime_transport
 from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
+from .cp_rows import note_epoch
 from .dispatch_plan import DispatchPlan, exchanged_by, maker_token
 from .exchange import Reference, detached_problem, exchange, exchange_with_grad
 from .metadata import check_agreement, gather_metadata, join_failed
@@ -243,6 +244,7 @@ class PostBalancingDispatcher:
         self._exchanged = True
         carried, self._carried = self._carried, None  # every rank raises it here (`_followed`)
         moved = move(pieces, self.transport, guard=self.guards[site], problem=carried or problem, reference=reference)
+        note_epoch(self.group)  # a collective: a context-parallel layout kept from before it is named (`cp_rows`)
         return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}
 
     def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *, lengths=None, loss_tokens=None,

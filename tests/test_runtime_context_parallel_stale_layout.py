@@ -1,16 +1,20 @@
-"""probe55 N1 (fix56): a rank that attends with an earlier micro-batch's layout while its peers built new ones.
+"""probe55 N1 (fix56): a rank that attends with an earlier micro-batch's layout while its peers use new ones.
 
 The header of a row schema was swapped once per layout: the stale layout's exchange had swapped it, so that rank sent
-its payload where its peers sent their header.  With a layout of other split items the stale rank attended to the
-peer's header row as keys, with no error, and its peer blamed "keys and values of another dtype or shape"; with rows
-of other sizes gloo could abort.  Now every `ContextParallelLayout.build` (a collective, counted alike on every rank)
-makes an earlier layout's exchange swap its header again at its next call, and the header carries a digest of the
-layout's split items: every rank of the pair raises ContextParallelError naming the stale layout.  A layout used
-again on every rank (activation checkpointing's recompute after the next micro-batch's build) still attends exactly."""
+its payload where its peers sent their header.  The stale rank attended to the peer's header row as keys, with no
+error, and its peer blamed "keys and values of another dtype or shape"; with rows of other sizes gloo aborted.  Now
+every layout epoch of the group (a `ContextParallelLayout.build`, a dispatcher's exchange: collectives, counted alike
+on every rank) makes an earlier layout's exchange swap its header again at its next call, and the header carries a
+digest of the layout's epoch and split items: every rank of the pair raises ContextParallelError naming the stale
+layout.  A layout used again on every rank (activation checkpointing's recompute after the next micro-batch's build)
+still attends exactly."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from orchmllm.balancers.context_parallel import ContextParallel
+from orchmllm.runtime import PostBalancingDispatcher
 from orchmllm.runtime.context_parallel import (ContextParallelError, ContextParallelLayout, SplitItem,
                                                context_parallel_attention)
 from orchmllm.runtime.launch import run_processes
@@ -31,10 +35,14 @@ def _error(layout, seed):
     return float((out - expected.transpose(0, 1)[positions]).abs().max())
 
 
-def _stale(rank, size):
+STALE = ("a layout of another micro-batch (other split items, or made before or after this rank's); a layout kept "
+         "from an earlier micro-batch on some rank? every rank must attend with this micro-batch's layout")
+
+
+def _stale(rank, size, length):
     first = _build(8)
     _error(first, 0)
-    second = _build(12)  # every rank builds the next micro-batch's layout; rank 0 attends with the first
+    second = _build(length)  # every rank builds the next micro-batch's layout; rank 0 attends with the first
     try:
         return _error(first if rank == 0 else second, 1)
     except ContextParallelError as error:
@@ -46,19 +54,45 @@ def _used_again(rank, size):
     errors = [_error(first, 0)]
     second = _build(8)  # the same split items
     errors += [_error(second, 1), _error(first, 2), _error(first, 3), _error(second, 4)]  # recompute: every rank
-    third = _build(8)
-    errors.append(_error(first if rank == 0 else third, 5))  # a stale layout of the same split items: the same
     return errors
 
 
-def test_regression_a_stale_layout_of_other_split_items_was_read_silently():
-    outcomes = run_processes(_stale, 2, timeout_s=60, collective_timeout_s=15)
+def _dispatched(rank, size):
+    """Two dispatched steps splitting item 0 over both ranks; rank 0 attends with the first step's layout again."""
+    spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
+                           kv_bytes_per_token=0, seconds_per_cost=1.0)
+    dispatcher = PostBalancingDispatcher(context_parallel=spec)
+    micros = []
+    for step in range(2):
+        lengths = [(40, 3), (2, 5)][rank]
+        x = torch.randn(sum(lengths), 1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+        plan = dispatcher.plan(lengths)
+        [micro] = dispatcher.microbatches(plan, dispatcher.dispatch({"x": x}, plan))
+        micros.append(micro)
+    use = micros[0] if rank == 0 else micros[1]
+    q = use.data["x"]
+    try:
+        context_parallel_attention(q, q, q, use.layout)
+    except ContextParallelError as error:
+        return str(error)
+    return "attended"
+
+
+def _named_stale(outcomes):
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         assert isinstance(o.value, str), (o.rank, o.value)  # rank 0 attended to its peer's header row before
         assert (f"context-parallel attention on rank {o.rank}: group peers rank {1 - o.rank} (split item 0 on group "
-                f"(0, 1)) attend with a layout of other split items than this rank's; a layout kept from an earlier "
-                f"micro-batch on some rank?") in o.value, o.value
+                f"(0, 1)) attend with {STALE}") in o.value, o.value
+
+
+@pytest.mark.parametrize("length", [12, 8], ids=["other split items", "the same split items"])
+def test_regression_a_stale_built_layout_was_read_silently_or_aborted(length):
+    _named_stale(run_processes(_stale, 2, args=(length,), timeout_s=60, collective_timeout_s=15))
+
+
+def test_regression_a_dispatched_steps_layout_kept_for_the_next_step_was_read_silently():
+    _named_stale(run_processes(_dispatched, 2, timeout_s=60, collective_timeout_s=15))
 
 
 def test_layouts_used_again_on_every_rank_attend_exactly():
