@@ -45,52 +45,20 @@ import numpy as np
 
 from ..balancers.plan import relative_gap
 from ..balancers.validation import as_index, is_int
-from .samples import Batch, constant, counting, every_segment, group_order
-from .shards import SampleChunks, ShardTable, TextPieces, _frozen, any_nonzero, split_layout, split_pieces
 from .lazy import Built
+from .samples import Batch, constant, counting, every_segment, group_order
+from .shards import (LaidChunks, SampleChunks, ShardTable, TextPieces, _frozen, _rank_layout, any_nonzero, any_split,
+                     lay_chunks, offsets_within_rank, split_layout, split_pieces)
 from .stages import Stage
 
 
-def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:
-    """Offset of every item in its rank's buffer, for each array of item `sizes`: the sum of
-    the sizes of the items before it on its rank.
-
-    One running sum over all ranks in `order`, restarted at each rank's first item by
-    subtracting the previous rank's total there; the offset of an item is the running sum
-    of the item before it.  Works in one scratch buffer: fresh large arrays (page faults)
-    dominate the cost.  Integer sizes all equal (a micro-batch of one video size's frames): an item's
-    place on its rank times the size, the places found once for every such column (no running sums).
-    """
-    dtype = np.result_type(*sizes)
-    starts = rank_offsets[:-1][rank_offsets[:-1] < rank_offsets[1:]]  # first position of each non-empty rank
-    first_items = order[starts]
-    running, places = None, None
-    columns = []
-    for size in sizes:
-        size = np.asarray(size, dtype=dtype)
-        if dtype.kind == "i" and size.size and size[0] == size[-1] and size.min() == size.max():
-            places = _places(rank_offsets, order) if places is None else places
-            columns.append(_frozen(places * size[0], dtype=dtype))
-            continue
-        running = np.empty(order.size, dtype=dtype) if running is None else running
-        np.take(size, order, out=running)
-        if starts.size > 1:
-            running[starts[1:]] -= np.add.reduceat(running, starts)[:-1]
-        np.cumsum(running, out=running)
-        offsets = np.empty_like(running)
-        offsets[order[1:]] = running[:-1]
-        offsets[first_items] = 0
-        columns.append(_frozen(offsets, dtype=dtype))
-    return columns
-
-
-def _places(rank_offsets: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Each item's place on its rank (0 for its first item): its position in `order` less its rank's first."""
-    ranked = np.arange(order.size)
-    ranked -= np.repeat(rank_offsets[:-1], np.diff(rank_offsets))
-    places = np.empty(order.size, dtype=np.int64)
-    places[order] = ranked
-    return places
+def first_row_ranks(llm: StagePlan, segments: np.ndarray) -> np.ndarray:
+    """The LLM rank that receives the first embedding row of each of `segments` of the pass of the LLM stage plan
+    `llm` (made by `planner.stage_plan`), whose samples split: its sample's chunk holding that row
+    (`SampleChunks.segment_chunk`, `rank`), from the chunks alone (the shards and text are laid out where read)."""
+    laid = llm._laid
+    return laid.rank[laid.segment_chunk if every_segment(vars(llm)["_batch"], segments) else
+                     laid.segment_chunk[segments]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,8 +76,8 @@ class StagePlan:
     its shard's on the first one (`split` holds the shard table and chunks; None without a split).
     An encoder item is a part of segment `item_segment[k]`: input units from `item_first_unit[k]`,
     `item_tokens[k]` embedding rows from `item_first_row[k]` (one part per segment unless a video is
-    split by frames).  An encoder stage's layout (`rank_offsets`, `rank_items`, the offsets) is built on its first
-    read (`orchestrator.lazy`): a step is costed without it.
+    split by frames).  The layout (`rank_offsets`, `rank_items`, the offsets, `split`) is built on its first read
+    (`orchestrator.lazy`): a step is costed without it.
     """
 
     stage: Stage
@@ -129,21 +97,39 @@ class StagePlan:
     item_first_row: np.ndarray
     item_tokens: np.ndarray
     solve_seconds: float = 0.0
-    split: tuple[ShardTable, SampleChunks] | None = None
+    split: tuple[ShardTable, SampleChunks] | None = Built("_layout")
     rank_offsets: np.ndarray = Built("_layout")
     rank_items: np.ndarray = Built("_layout")
     item_input_offset: np.ndarray = Built("_layout")
     item_offset: np.ndarray = Built("_layout")
 
     def _layout(self) -> dict[str, np.ndarray]:
-        """An encoder stage's items on each rank in item order and their input and output offsets (those of the
-        LLM stage, whose inputs are its samples' text, are given)."""
-        if self.stage.is_llm:
+        """The stage's items on each rank in item order and their input and output offsets; the LLM stage's (its
+        inputs are its samples' text, and its split samples' shards) from its pass's batch, `_batch`, which
+        `planner.stage_plan` sets."""
+        if not self.stage.is_llm:
+            return dict(split=None, **_rank_layout(self.destination, self.loads.size, self.item_length,
+                                                   self.item_tokens))
+        batch = vars(self).get("_batch")
+        if batch is None:
             raise ValueError(f"the LLM stage plan of {self.stage.name!r} needs its rank layout given")
-        rank_offsets, rank_items = group_order(self.destination, self.loads.size)
-        offsets = offsets_within_rank(rank_offsets, rank_items, self.item_length, self.item_tokens)
-        return dict(zip(("rank_offsets", "rank_items", "item_input_offset", "item_offset"),
-                        (rank_offsets, rank_items, *offsets)))
+        if not any_split(self.degree):
+            return dict(split=None, **_rank_layout(self.destination, batch.num_ranks, batch.sample_text,
+                                                   self.item_tokens))
+        split = split_layout(batch, self.destination, self.degree, self._laid)
+        vars(self).pop("_laid")  # what `split` keeps of it lives on there
+        shards = split[0]
+        first = shards.group_rank == 0
+        item_offset, item_input_offset = np.empty_like(self.item_length), np.empty_like(self.item_length)
+        item_offset[shards.sample[first]] = shards.offset[first]
+        item_input_offset[shards.sample[first]] = shards.text_offset[first]
+        return dict(split=split, rank_offsets=shards.rank_offsets, rank_items=shards.sample,
+                    item_offset=_frozen(item_offset), item_input_offset=_frozen(item_input_offset))
+
+    @functools.cached_property
+    def _laid(self) -> LaidChunks:
+        """The LLM stage's chunks (`shards.lay_chunks`), laid out once for the encoders' anchors and its layout."""
+        return lay_chunks(vars(self)["_batch"], self.destination, self.degree)
 
     @property
     def num_items(self) -> int:

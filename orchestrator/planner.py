@@ -43,9 +43,9 @@ from ..topology import PLACEMENTS, place
 from .frames import split_frames, stage_costs, stage_frames, stage_pricing
 from .options import LOCALITY, as_topology, plan_options
 from .pipeline import cell_costs, faster_run, planned_run, under_llm_costs
-from .plan import PassPlan, StagePlan, _frozen, constant, offsets_within_rank
-from .samples import Batch, group_order
-from .shards import chunk_ranks, split_layout
+from .plan import PassPlan, StagePlan, _frozen, constant, first_row_ranks
+from .samples import Batch
+from .shards import any_split
 from .stages import (Stage, StageItems, check_microbatched_llm, check_stages, input_bytes, item_tokens,
                      stage_items, stage_named)
 from .step import (StageCapError, StepPlan, capped_cell_lengths, capped_replan_note, check_cells, check_samples_fit,
@@ -94,22 +94,6 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     outputs = item_tokens(batch, stage, items) if outputs is None else outputs
     source = batch.sample_source if stage.is_llm else batch.sample_source[item_sample]
     degree = getattr(balanced, "degree", None)
-    split, layout = None, {}  # an encoder's layout: built on first read (`StagePlan._layout`)
-    if degree is not None and stage.is_llm and np.any(degree > 1):
-        split = split_layout(batch, destination, degree)
-        shards = split[0]
-        rank_offsets, rank_items = shards.rank_offsets, shards.sample
-        first = shards.group_rank == 0
-        item_offset, item_input_offset = np.empty_like(item_length), np.empty_like(item_length)
-        item_offset[rank_items[first]] = shards.offset[first]
-        item_input_offset[rank_items[first]] = shards.text_offset[first]
-        layout = dict(rank_offsets=rank_offsets, rank_items=rank_items, item_offset=_frozen(item_offset),
-                      item_input_offset=_frozen(item_input_offset))
-    elif stage.is_llm:
-        rank_offsets, rank_items = group_order(destination, num_ranks)
-        offsets = offsets_within_rank(rank_offsets, rank_items, batch.sample_text, outputs)
-        layout = dict(zip(("rank_offsets", "rank_items", "item_input_offset", "item_offset"),
-                          (rank_offsets, rank_items, *offsets)))
     item_time = getattr(balanced, "item_time", None) if item_time is None else item_time
     if item_time is None and balanced is not None and balanced.cost == stage.cost:
         item_time = getattr(balanced, "item_costs", None)  # the balancer's, of these very lengths
@@ -122,11 +106,13 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     for array in (item_sample, item_segment, item_length, destination, source, item_time, first_unit, first_row,
                   outputs):
         array.setflags(write=False)
-    return StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
+    plan = StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
                      source=source, destination=destination, loads=loads, tokens=tokens, makespan=makespan,
                      lower_bound=bound, algorithm=algorithm, degree=degree, item_time=item_time,
-                     item_first_unit=first_unit, item_first_row=first_row, item_tokens=outputs, solve_seconds=seconds,
-                     split=split, **layout)
+                     item_first_unit=first_unit, item_first_row=first_row, item_tokens=outputs, solve_seconds=seconds)
+    if stage.is_llm:  # its layout, built on first read (`StagePlan._layout`), reads the batch
+        object.__setattr__(plan, "_batch", batch)
+    return plan
 
 
 def checked(batch: Batch) -> Batch:
@@ -417,8 +403,9 @@ class Orchestrator:
         stays with its sample's LLM rank."""
         if llm is None:
             return batch.sample_source, input_bytes(batch, self.stages, stage)
-        if llm.split is not None:  # a split sample's embeddings land on the ranks of its chunks
-            return chunk_ranks(batch, llm.split[1], items.segment), outputs * stage.output_bytes_per_token
+        if any_split(llm.degree):  # a split sample's embeddings land on the ranks of its chunks
+            return (first_row_ranks(llm, items.segment),
+                    outputs * stage.output_bytes_per_token)
         return llm.destination[items.sample], outputs * stage.output_bytes_per_token
 
     @staticmethod

@@ -17,11 +17,12 @@ runtime reads is written out in /tmp/orch/cp_interface.md and the `PassPlan` doc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from ..balancers.validation import as_index
-from .samples import Batch, constant, every_segment, group_order
+from .samples import Batch, constant, group_order
 
 
 def _frozen(array, dtype=np.int64) -> np.ndarray:
@@ -43,6 +44,56 @@ def rank_starts(rank_offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     counts = np.diff(rank_offsets)
     used = counts > 0
     return starts - np.repeat(starts[rank_offsets[:-1][used]], counts[used])
+
+
+def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:
+    """Offset of every item in its rank's buffer, for each array of item `sizes`: the sum of
+    the sizes of the items before it on its rank.
+
+    One running sum over all ranks in `order`, restarted at each rank's first item by
+    subtracting the previous rank's total there; the offset of an item is the running sum
+    of the item before it.  Works in one scratch buffer: fresh large arrays (page faults)
+    dominate the cost.  Integer sizes all equal (a micro-batch of one video size's frames): an item's
+    place on its rank times the size, the places found once for every such column (no running sums).
+    """
+    dtype = np.result_type(*sizes)
+    starts = rank_offsets[:-1][rank_offsets[:-1] < rank_offsets[1:]]  # first position of each non-empty rank
+    first_items = order[starts]
+    running, places = None, None
+    columns = []
+    for size in sizes:
+        size = np.asarray(size, dtype=dtype)
+        if dtype.kind == "i" and size.size and size[0] == size[-1] and size.min() == size.max():
+            places = _places(rank_offsets, order) if places is None else places
+            columns.append(_frozen(places * size[0], dtype=dtype))
+            continue
+        running = np.empty(order.size, dtype=dtype) if running is None else running
+        np.take(size, order, out=running)
+        if starts.size > 1:
+            running[starts[1:]] -= np.add.reduceat(running, starts)[:-1]
+        np.cumsum(running, out=running)
+        offsets = np.empty_like(running)
+        offsets[order[1:]] = running[:-1]
+        offsets[first_items] = 0
+        columns.append(_frozen(offsets, dtype=dtype))
+    return columns
+
+
+def _places(rank_offsets: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each item's place on its rank (0 for its first item): its position in `order` less its rank's first."""
+    ranked = np.arange(order.size)
+    ranked -= np.repeat(rank_offsets[:-1], np.diff(rank_offsets))
+    places = np.empty(order.size, dtype=np.int64)
+    places[order] = ranked
+    return places
+
+
+def _rank_layout(destination: np.ndarray, num_ranks: int, inputs: np.ndarray, outputs: np.ndarray) -> dict:
+    """Items per rank in item order (`group_order`) and their offsets in the ranks' input and output buffers."""
+    rank_offsets, rank_items = group_order(destination, num_ranks)
+    item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, outputs)
+    return dict(rank_offsets=rank_offsets, rank_items=rank_items, item_input_offset=item_input_offset,
+                item_offset=item_offset)
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,10 +213,27 @@ def _segment_keys(batch: Batch) -> tuple[int, np.ndarray]:
     return scale, keys
 
 
-def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> tuple[ShardTable, SampleChunks]:
-    """The shard table and the chunks of a pass whose samples run on groups (start, degree)."""
-    n, num_ranks = batch.num_samples, batch.num_ranks
-    lengths = batch.sample_llm_length
+class LaidChunks(NamedTuple):
+    """The chunks of a pass, one row per (sample, chunk) (`SampleChunks`' sample, position, tokens, rank, first and
+    segment_chunk), with each chunk's index in its sample, its sample's degree c and group rank, the chunks per
+    sample, and the batch's `_segment_keys`."""
+
+    sample: np.ndarray
+    position: np.ndarray
+    tokens: np.ndarray
+    rank: np.ndarray
+    first: np.ndarray
+    segment_chunk: np.ndarray
+    index: np.ndarray
+    degree: np.ndarray
+    group_rank: np.ndarray
+    per_sample: np.ndarray
+    keyed: tuple[int, np.ndarray]
+
+
+def lay_chunks(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> LaidChunks:
+    """The chunks of a pass whose samples run on groups (start, degree), and the chunk of each segment's first row."""
+    n, lengths = batch.num_samples, batch.sample_llm_length
     chunks = np.where(degree > 1, 2 * degree, 1)
     first = np.concatenate(([0], np.cumsum(chunks)))
     sample = np.repeat(np.arange(n, dtype=np.int64), chunks)
@@ -175,11 +243,23 @@ def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> t
     sizes = quotient + (index < remainder)  # `layout.chunk_sizes`: the first l mod 2c chunks one token longer
     positions = np.cumsum(sizes) - sizes
     positions -= positions[first[:-1]][sample]
-    keyed = _segment_keys(batch)
-    text_sizes = np.where(c > 1, sizes - _embedded(batch, sample, positions, sizes, c > 1, keyed),
-                          batch.sample_text[sample])
     group_rank = np.where(index < c, index, 2 * c - 1 - index)
-    chunk_rank = destination[sample] + group_rank
+    scale, segment_keys = keyed = _segment_keys(batch)
+    segment_chunk = _searched(sample * scale + positions, segment_keys, "right") - 1  # the last start at or before
+    return LaidChunks(sample, positions, sizes, destination[sample] + group_rank, first, segment_chunk, index, c,
+                   group_rank, chunks, keyed)
+
+
+def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray,
+                 laid: LaidChunks | None = None) -> tuple[ShardTable, SampleChunks]:
+    """The shard table and the chunks of a pass whose samples run on groups (start, degree); `laid`: its
+    `lay_chunks`, where the caller has them."""
+    n, num_ranks = batch.num_samples, batch.num_ranks
+    laid = lay_chunks(batch, destination, degree) if laid is None else laid
+    sample, positions, sizes, chunk_rank, first = laid.sample, laid.position, laid.tokens, laid.rank, laid.first
+    index, c, group_rank, chunks = laid.index, laid.degree, laid.group_rank, laid.per_sample
+    text_sizes = np.where(c > 1, sizes - _embedded(batch, sample, positions, sizes, c > 1, laid.keyed),
+                          batch.sample_text[sample])
     # Shards: one per (sample, group rank); its chunks are j then 2c - 1 - j.
     shard_of_chunk = np.repeat(np.cumsum(degree) - degree, chunks) + group_rank
     num_shards = int(degree.sum())
@@ -204,12 +284,10 @@ def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> t
     text_offset_chunk = text_offset[row] + np.where(mirror, text_sizes[partner], 0)
     text_first = np.cumsum(text_sizes) - text_sizes
     text_first -= text_first[first[:-1]][sample] if sample.size else 0
-    scale, segment_keys = keyed
-    segment_chunk = _searched(sample * scale + positions, segment_keys, "right") - 1  # the last start at or before
     return table, SampleChunks(sample=_frozen(sample), position=_frozen(positions), tokens=_frozen(sizes),
                                text_first=_frozen(text_first), text_tokens=_frozen(text_sizes),
                                rank=_frozen(chunk_rank), packed=_frozen(packed), text_offset=_frozen(text_offset_chunk),
-                               first=_frozen(first), segment_chunk=_frozen(segment_chunk))
+                               first=_frozen(first), segment_chunk=_frozen(laid.segment_chunk))
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,6 +311,11 @@ class Pieces:
 def any_nonzero(column: np.ndarray) -> bool:
     """Whether `column` holds a non-zero entry, read once where it is a `constant` (stride 0)."""
     return bool(np.any(column[:1] if column.strides == (0,) else column))
+
+
+def any_split(degree: np.ndarray) -> bool:
+    """Whether a degree of `degree` exceeds 1, read once where it is a `constant` (stride 0: nothing split)."""
+    return bool(np.any((degree[:1] if degree.strides == (0,) else degree) > 1))
 
 
 def _parts(encoder_plans) -> tuple[np.ndarray, ...]:
@@ -349,8 +432,13 @@ def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
     first = np.searchsorted(keys, starts, side="left" if side == "right" else "right")  # the first key each counts for
     return np.repeat(np.arange(starts.size + 1), np.diff(first, prepend=0, append=keys.size))
 
-
-def chunk_ranks(batch: Batch, chunks: SampleChunks, segments: np.ndarray) -> np.ndarray:
-    """The LLM rank that receives the first embedding row of each of `segments`: its sample's chunk holding that row
-    (`SampleChunks.segment_chunk`, `rank`)."""
-    return chunks.rank[chunks.segment_chunk if every_segment(batch, segments) else chunks.segment_chunk[segments]]
+    sample, position = owner[split], batch.segment_position[split if every else segments[split]]
+    chunks = 2 * degree[sample]
+    quotient, remainder = np.divmod(batch.sample_llm_length[sample], chunks)
+    longer = remainder * (quotient + 1)  # the rows of the longer chunks
+    chunk = np.where(quotient > 0, remainder + (position - longer) // np.maximum(quotient, 1), chunks - 1)
+    np.minimum(chunk, chunks - 1, out=chunk)
+    inside = position < longer
+    chunk[inside] = position[inside] // (quotient[inside] + 1)
+    ranks[split] += np.where(2 * chunk < chunks, chunk, chunks - 1 - chunk)
+    return ranks

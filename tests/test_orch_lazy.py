@@ -1,5 +1,6 @@
-"""What a plan builds on first read (`orchestrator.lazy`): a planned pass's routes and its encoder stages' layouts are
-those `compose` and `group_order` / `offsets_within_rank` build eagerly, whenever and however they are read."""
+"""What a plan builds on first read (`orchestrator.lazy`): a planned pass's routes and its stages' layouts are those
+`compose`, `split_layout` and `group_order` / `offsets_within_rank` build eagerly, whenever and however they are
+read."""
 
 import dataclasses
 import pickle
@@ -9,6 +10,7 @@ import pytest
 
 from orchmllm import ContextParallel, Orchestrator
 from orchmllm.orchestrator.plan import PassPlan, compose, offsets_within_rank
+from orchmllm.orchestrator.shards import split_layout
 from orchmllm.orchestrator.samples import group_order
 from orchmllm.study.models import MODELS
 from orchmllm.study.simulator import cluster
@@ -27,7 +29,7 @@ def _steps():
             Orchestrator(stages, cluster(128)).plan(sample_workload("default", 128, 16, seed=11)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def steps():
     return _steps()
 
@@ -45,14 +47,27 @@ def test_routes_are_composed_on_first_read_as_compose_builds_them(steps):
             assert getattr(plan, name) is vars(plan)[name]  # built once
 
 
-def test_encoder_layouts_are_built_on_first_read_as_the_stage_plan_built_them(steps):
+def test_layouts_are_built_on_first_read_as_the_stage_plan_built_them(steps):
     for plan in (*steps[0].microbatches, *steps[1].microbatches):
+        assert not any(set(LAYOUT) & set(vars(stage_plan)) for stage_plan in plan.stage_plans)
         for stage_plan in plan.stage_plans[:-1]:
             offsets, items = group_order(stage_plan.destination, plan.num_ranks)
             inputs, outputs = offsets_within_rank(offsets, items, stage_plan.item_length, stage_plan.item_tokens)
             for name, expected in zip(LAYOUT, (offsets, items, inputs, outputs)):
                 assert np.array_equal(getattr(stage_plan, name), expected), name
-        assert set(LAYOUT) <= set(vars(plan.llm))  # the LLM stage's are given
+        llm, batch = plan.llm, plan.batch
+        if np.any(llm.degree > 1):  # the LLM stage's from its shards, each split sample's first one
+            shards, chunks = split_layout(batch, llm.destination, llm.degree)
+            assert np.array_equal(llm.split[1].packed, chunks.packed) and "_laid" not in vars(llm)
+            first = shards.group_rank == 0
+            expected = (shards.rank_offsets, shards.sample, shards.text_offset[first], shards.offset[first])
+            expected = expected[:2] + tuple(column[np.argsort(shards.sample[first])] for column in expected[2:])
+        else:  # from its samples' text
+            offsets, items = group_order(llm.destination, plan.num_ranks)
+            expected = (offsets, items, *offsets_within_rank(offsets, items, batch.sample_text, llm.item_tokens))
+            assert llm.split is None
+        for name, column in zip(LAYOUT, expected):
+            assert np.array_equal(getattr(llm, name), column), name
 
 
 def test_given_routes_are_kept_and_plans_stay_frozen():
