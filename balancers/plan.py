@@ -179,12 +179,18 @@ def run_kernel(kernel: Kernel, problem: Problem, algorithm: str,
     """(`kernel(problem)`'s result (`call_kernel`), checked to be a KernelResult (`require_result`), and
     `lower_bound(problem)`): the bound is computed before the kernel is handed the problem, so that nothing
     the kernel does to it (or to the orders the bound reads) reaches the certificate (`make_plan(bound=)`).
+    The result's status and bound are checked here (`kernel_status`, `require_timed` for a plugin, `real_bound`),
+    before any path reads or drops them (probe56 F2: under `sources=` a status 5 passed unread).
     A `built_in` kernel (`registry.built_in`) writes nothing: its bound is left to `make_plan` (None), which
     skips it where the kernel proved its plan optimal."""
     bound = None if built_in else lower_bound(problem)
     result = call_kernel(kernel, algorithm, problem, built_in=built_in)
     require_result(result, KernelResult, algorithm)
-    return result._replace(assignment=checked_assignment(result.assignment, problem, algorithm)), bound
+    status = kernel_status(result.status, algorithm)
+    if not built_in:
+        require_timed(status, problem, algorithm)
+    return result._replace(assignment=checked_assignment(result.assignment, problem, algorithm), status=status,
+                           lower_bound=real_bound(result.lower_bound, algorithm)), bound
 
 
 def checked_assignment(assignment, problem: Problem, algorithm: str) -> np.ndarray:
@@ -218,6 +224,41 @@ def kernel_status(status, algorithm: str) -> Status:
                            f"{[str(known) for known in Status]}") from None
 
 
+def require_timed(status: Status, problem, algorithm: str) -> None:
+    """RuntimeError naming a plugin that returns status `time_limit` on a problem with no `time_limit`, a
+    contradiction as its TimeoutError there is (`_contradiction`; probe56 N3: the plan read 'time_limit').  Not for
+    orchmllm's own kernels, whose exact searches run under `exact.ilp.DEFAULT_TIME_LIMIT` then."""
+    if status is Status.TIME_LIMIT and problem.time_limit is None:
+        raise RuntimeError(f"algorithm {algorithm!r} returned status 'time_limit' on a problem with no time limit "
+                           f"(`time_limit` None): a bug of the kernel (return 'feasible' for a plan it did not prove)")
+
+
+def real_bound(claimed, algorithm: str) -> float | None:
+    """A kernel's `lower_bound` as a float (None when it claims none); RuntimeError naming the kernel where it is
+    no real number, NaN, or beyond float64 (probe56 F1: an int 10**400 raised a raw OverflowError).
+
+    >>> real_bound(7, "lpt"), real_bound(None, "lpt")
+    (7.0, None)
+    """
+    if claimed is None:
+        return None
+    try:
+        value = float(claimed) if is_real(claimed) else math.nan
+    except OverflowError:
+        raise RuntimeError(f"algorithm {algorithm!r} returned a lower_bound of magnitude about "
+                           f"2**{_magnitude_bits(claimed)} ({type(claimed).__name__}), beyond float64; expected a real "
+                           f"number of float64's range or None") from None
+    if math.isnan(value):
+        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r}; expected a real number or None")
+    return value
+
+
+def _magnitude_bits(value) -> int:
+    """The bit length of a real beyond float64 (an int or a fraction) without printing its digits (an int of
+    over 4300 digits has no str)."""
+    return int(abs(math.trunc(value))).bit_length()
+
+
 def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = "makespan",
                   exact: Callable[[], bool] = lambda: False) -> float | None:
     """A kernel's `lower_bound` (None when it claims none) as a float at most `cost`, its own plan's.
@@ -241,11 +282,9 @@ def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = 
     >>> claimed_bound(2.0**52 + 1, 2.0**52 + 2, "plugin", terms=5, exact=lambda: True) == 2.0**52 + 1
     True
     """
+    claimed = real_bound(claimed, algorithm)
     if claimed is None:
         return None
-    if not is_real(claimed) or math.isnan(claimed):
-        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r}; expected a real number or None")
-    claimed = float(claimed)
     if claimed > cost * (1.0 + terms * 2.0**-52):
         raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r} above the {what} {cost!r} of "
                            f"its own plan: a bound no plan can beat cannot exceed a cost that a plan reaches, so the "

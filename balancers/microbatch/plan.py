@@ -13,10 +13,10 @@ import numpy as np
 
 from ..cost import CostModel
 from ..orders import Orders
-from ..plan import (call_kernel, certify, claimed_bound, cost_unit, integral, json_head, kernel_status, require_result,
-                    rounded_up, sums_exact_below)
+from ..plan import (call_kernel, certify, claimed_bound, cost_unit, integral, json_head, kernel_status, real_bound,
+                    require_result, require_timed, rounded_up, sums_exact_below)
 from ..problem import Problem, SortedItems, Status, exact_sum, integer_sum, read_only, token_sums
-from ..validation import as_index, is_real
+from ..validation import as_index
 from .bounds import beyond_one_microbatch, min_microbatches, step_cost_bound
 
 
@@ -285,18 +285,17 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
             raise RuntimeError(f"algorithm {algorithm!r} put item {item} in {name} {values[item]}, outside "
                                f"[0, {limit}) for num_microbatches={num_microbatches} on {problem.num_ranks} ranks")
         cells.append(np.ascontiguousarray(values, dtype=np.int64))
-    status = kernel_status(result.status, algorithm)
-    if result.lower_bound is not None and (not is_real(result.lower_bound) or math.isnan(result.lower_bound)):
-        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={result.lower_bound!r}; expected a real "
-                           f"number or None")
-    return MicroBatchResult(cells[0], cells[1], status, result.lower_bound)
+    return MicroBatchResult(cells[0], cells[1], kernel_status(result.status, algorithm),
+                            real_bound(result.lower_bound, algorithm))
 
 
 def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = True,
                    built_in: bool = False, witness: MicroBatchKernel | None = None) -> MicroBatchKernel:
     """`kernel` called by `call_kernel`, every result it returns checked (`check_result`), its cells copied
     unless the kernel is orchmllm's own (`registry.built_in`: a plugin that reuses a buffer would rewrite them,
-    here another M's result or a plan made before) and made read-only, and its bound held to the result's own
+    here another M's result or a plan made before) and made read-only, a plugin's status to the problem's time limit
+    (`require_timed`) and its cells to the budget (`within_budget`: before `sources=` or `pipeline=` re-deal them,
+    probe56 F2), and its bound held to the result's own
     step cost (`claimed_bound`), as the choice of M reads every result it tries; a kernel that does not
     certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as feasible.  `witness`
     (a certifying plugin's: orchmllm's auto) cross-examines a claimed bound (`_cross_examine`)."""
@@ -307,10 +306,14 @@ def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = T
         result = check_result(problem, result, num_microbatches, algorithm)
         cells = (result.rank, result.microbatch) if built_in else (result.rank.copy(), result.microbatch.copy())
         result = result._replace(rank=read_only(cells[0]), microbatch=read_only(cells[1]))
+        loads = None
+        if not built_in:
+            require_timed(result.status, problem, algorithm)
+            loads = within_budget(problem, result, num_microbatches, algorithm)[0]
         if result.lower_bound is not None:
-            loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank,
-                               num_microbatches * problem.num_ranks)
-            loads = loads.reshape(num_microbatches, problem.num_ranks)
+            if loads is None:
+                loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank,
+                                   num_microbatches * problem.num_ranks).reshape(num_microbatches, problem.num_ranks)
             claimed = _claimed_step_bound(problem, result, loads, algorithm)
             if witness is not None:
                 _cross_examine(problem, num_microbatches, claimed, algorithm, witness)
