@@ -412,8 +412,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             others: with `sources` a batch padded with empty samples may get another step (review R19-05: 8 of
             1500 rows, -1.5 % to +0.02 %).
         context_parallel: a `ContextParallel`: items may split over groups (`balancers.context_parallel.microbatch`);
-            `sources` then steer only the plan without splits, which is kept unless splitting pays: a split plan
-            places items by cost and tokens, not near their sources (probe23 P23-05).
+            `algorithm` and `sources` make only the plan without splits, kept unless splitting pays; that kernel is not
+            run where an item must split (longer than T, or no degree 1: the plan's algorithm reads "context_parallel").
         time_limit: seconds of work an exact or anytime search may spend, all M tried together, converted to
             operation budgets (`WORK_PER_SECOND`, the exact search's `CELLS_PER_SECOND`) so plans never depend on
             the clock.
