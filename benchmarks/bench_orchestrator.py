@@ -42,8 +42,8 @@ def test_plan_whole_step(benchmark, best_of, request, num_ranks, strategy):
                     segment_tokens=batch.segment_tokens, segment_position=batch.segment_position)
     stages = MODELS["84b"].stages()
     strategy = get_strategy(strategy)
-    plan = benchmark.pedantic(lambda: strategy.plan(stages, topology, Batch.from_arrays(**metadata)), rounds=5,
-                              iterations=1, warmup_rounds=1).microbatches[0]  # a step of one pass
+    plan = benchmark.pedantic(lambda: strategy.plan(stages, topology, Batch.from_arrays(**metadata)).built(),
+                              rounds=5, iterations=1, warmup_rounds=1).microbatches[0]  # one pass, routes built
     assert plan.llm.num_items == batch.num_samples
     assert sorted(np.concatenate([p.item_segment for p in plan.stage_plans[:-1]]).tolist()) == \
         list(range(batch.num_segments))
@@ -144,18 +144,18 @@ def test_plan_micro_batched_step(benchmark, best_of, budget, workload):
     batch = sample_workload(workload, num_ranks, 32, seed=num_ranks)
     stages = MODELS["84b"].stages()
     orchestrator = Orchestrator(stages, topology, max_tokens_per_microbatch=budget)
-    plan = benchmark.pedantic(orchestrator.plan, args=(batch,), rounds=3, iterations=1, warmup_rounds=1)
+    plan = benchmark.pedantic(lambda: orchestrator.plan(batch).built(), rounds=3, iterations=1, warmup_rounds=1)
     assert sorted(np.concatenate(plan.microbatch_samples).tolist()) == list(range(batch.num_samples))
     cells_only = best_of(lambda: balance_microbatches(batch.sample_llm_length, num_ranks, cost=stages[-1].cost,
                                                       max_tokens_per_microbatch=budget), 3)
     unplaced = Orchestrator(stages, topology, max_tokens_per_microbatch=budget, placement=None)
-    unplaced_seconds = best_of(lambda: unplaced.plan(batch), 3)
+    unplaced_seconds = best_of(lambda: unplaced.plan(batch).built(), 3)
     unplaced_plan = unplaced.plan(batch)
     default_batch = sample_workload("default", num_ranks, 32, seed=num_ranks)
     # the ratio in CPU seconds, the two steps alternated: a load spike on a shared machine
     # neither lands on one of them only nor counts (wall time once read 12x for a 6x step)
-    step_cpu, default_cpu = interleaved_cpu(lambda: orchestrator.plan(batch), lambda: orchestrator.plan(default_batch),
-                                            rounds=3)
+    step_cpu, default_cpu = interleaved_cpu(lambda: orchestrator.plan(batch).built(),
+                                            lambda: orchestrator.plan(default_batch).built(), rounds=3)
     seconds = benchmark.stats.stats.min
 
     def inter_node_gb(exchanges):

@@ -9,7 +9,7 @@ under its own package name in a temporary directory: the package imports itself 
 and every plan of one tree is followed by the same plan of the other (which goes first
 alternates), so both see the same minutes.  The step is `Orchestrator(MODELS["84b"].stages(), cluster(2560),
 max_tokens_per_microbatch=T).plan(sample_workload("default", 2560, 32, seed=2560))` (T "none": no budget, the
-plain step), timed in
+plain step) with its routes and layouts built (`StepPlan.built()`, what a runtime's plan builds), timed in
 process time after one warm-up plan; the two plans' digests must agree (else the change is not
 a pure speed change, and the script says so).  Prints, per T, each tree's min and median and
 the median over pairs of new / base.
@@ -34,6 +34,12 @@ def _load(name: str) -> dict:
     return {part: importlib.import_module(f"{name}{suffix}") for part, suffix in
             (("root", ""), ("models", ".study.models"), ("workloads", ".study.workloads"),
              ("simulator", ".study.simulator"))}
+
+
+def built(step):
+    """The step with its routes and layouts built: `StepPlan.built()`, or the step itself for a checkout before
+    a63fb56, whose `Orchestrator.plan` built them."""
+    return step.built() if hasattr(step, "built") else step
 
 
 def main(argv=None) -> int:
@@ -70,7 +76,7 @@ def main(argv=None) -> int:
                 for name in (list(trees) if pair % 2 == 0 else list(reversed(trees))):  # no fixed order
                     orchestrator, batch = steps[name, budget]
                     start = time.process_time()
-                    orchestrator.plan(batch)
+                    built(orchestrator.plan(batch))
                     times[name, budget].append(1e3 * (time.process_time() - start))
         for budget in budgets:
             base, new = times["orchbase", budget], times["orchnew", budget]

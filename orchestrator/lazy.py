@@ -9,7 +9,8 @@ for its cost, so that a plan made to be costed (a search, a benchmark) never bui
 
 A value given at construction (`Plan(inputs, route=...)`, `dataclasses.replace`) is kept; the builder fills the
 others, all at once.  It reads only the instance's own frozen fields, so a field reads the same whenever it is
-built, and a plan pickles and copies with whatever it has built so far.
+built, and a plan pickles and copies with whatever it has built so far.  `build(plan)` builds them all now (where
+the plan is made, when another thread or a later moment reads them).
 """
 
 from __future__ import annotations
@@ -48,3 +49,10 @@ class Built:
     def __set__(self, instance, value) -> None:
         if value is not UNSET:
             instance.__dict__[self.name] = value
+
+
+def build(instance) -> None:
+    """Build every `Built` field of `instance` that is not built yet (each builder runs once)."""
+    for name, field in vars(type(instance)).items():
+        if isinstance(field, Built):
+            getattr(instance, name)

@@ -46,6 +46,7 @@ from ..balancers.pipeline.step import PipelineStep
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import as_index
 from .frames import frame_bound, stage_costs, stage_frames, whole_video
+from .lazy import build as build_fields
 from .plan import Exchange, PassPlan, _frozen
 from .samples import Batch
 from .stages import Stage
@@ -325,6 +326,17 @@ class StepPlan:
         for plan in self.microbatches:
             digest.update(plan.digest().encode())
         return digest.hexdigest()
+
+    def built(self) -> StepPlan:
+        """This plan, with every pass's routes and its stages' rank layouts built now.  `Orchestrator.plan` costs a
+        step without them and builds each on its first read (`orchestrator.lazy`), so a step that is only costed
+        (a search, the simulator) never pays for them; call `built()` where the plan is made when they are read
+        elsewhere, e.g. in a planning thread whose plans the training loop runs, so that the loop does not build
+        them (`MultiStageRuntime.plan` builds its routes inside the call, `Prefetcher`'s thread included)."""
+        for plan in self.microbatches:
+            for part in (plan, *plan.stage_plans):
+                build_fields(part)
+        return self
 
     def input_exchange(self) -> Exchange:
         """The fused input exchange of the whole step: every segment's raw input and every sample's

@@ -87,3 +87,19 @@ def test_an_unbuilt_plan_pickles_and_builds_the_same_routes():
     copy = pickle.loads(pickle.dumps(plan))
     assert not set(ROUTES) & set(vars(copy))
     assert copy.digest() == plan.digest()
+
+
+def test_built_builds_every_route_and_layout_now():
+    """`StepPlan.built()`, for a plan made in one thread and run in another: after it, no field is left to build on
+    a read (the training loop's), and what it built is what the reads build."""
+    for step in _steps():
+        lazy_reads = pickle.loads(pickle.dumps(step))  # the same plan, nothing built
+        assert step.built() is step
+        for plan, other in zip(step.microbatches, lazy_reads.microbatches):
+            assert set(ROUTES) <= set(vars(plan))
+            for name in ROUTES:
+                assert np.array_equal(getattr(plan, name), getattr(other, name)), name
+            for stage_plan, other_stage in zip(plan.stage_plans, other.stage_plans):
+                assert set(LAYOUT) <= set(vars(stage_plan))
+                for name in LAYOUT:
+                    assert np.array_equal(getattr(stage_plan, name), getattr(other_stage, name)), name
