@@ -9,17 +9,25 @@ that may fit to one more, every cost model, padded or not, with or without an ov
                     (brute force when small, else the exact kernel where it proves it): one
                     cell per item, exact loads and tokens, cells within T, a sound bound,
                     `optimal` only when it is; a malformed result or a false certificate is
-                    named; None (no packing) is allowed, but an exact kernel packs whenever
-                    some packing exists and reaches the optimum; Graham's instances in one
-                    micro-batch run first (`strategies.hard_cases`)
+                    named; None (no packing) is allowed only where one item per cell does not
+                    fit (n > M · D: elsewhere `balance_microbatches` calls it the algorithm's
+                    failure), and an exact kernel packs whenever some packing exists and
+                    reaches the optimum; Graham's instances in one micro-batch run first
+                    (`strategies.hard_cases`)
     deterministic   the same input (list, int64 or int32 array) gives the bit-identical plan,
                     call after call (`harness.REPEAT_CALLS`: a plan that differs in 1 % of
                     calls is caught with probability 99.9 %), also in another process with
                     another hash seed
+    larger          the determinism runs (up to twice the items) and LARGER_CASES seeded cases
+                    of max_items + 1 to 2 · max_items items are certified too, as above, against
+                    the optimum wherever brute force or the exact kernel proves it within
+                    ORACLE_WORK_SECONDS of work: a false `optimal` or bound on 6 to 10 items
+                    is caught there at the default max_items = 5
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +52,11 @@ oracle, beyond brute-force sizes; a plan is certified against it only where it p
 
 OVERHEADS = (0.0, 1.0, 2.5)
 """The per-micro-batch overheads the cases draw."""
+
+LARGER_CASES = 40
+"""Seeded cases of max_items + 1 to 2 · max_items items certified beside the determinism runs (Hypothesis draws few
+that large: a 'greedy' claiming `optimal` from 6 items up passed 60 examples of them; 3 of these 40 catch it at the
+defaults, in ~0.3 s)."""
 
 
 @dataclass(frozen=True)
@@ -99,20 +112,23 @@ def _hard_microbatch_cases(max_items: int, max_ranks: int, kinds) -> list[MicroB
             for case in hard_cases(max_items, max_ranks, kinds)]
 
 
-def _seeded_cases(kinds, count: int, max_items: int, max_ranks: int, seed: int) -> list[MicroBatchCase]:
-    """`count` cases of 2 to 2 · max_items items on 2 to max(2, max_ranks) ranks, every cost
+def _seeded_cases(kinds, count: int, max_items: int, max_ranks: int, seed: int,
+                  fewest: int = 2) -> list[MicroBatchCase]:
+    """`count` cases of `fewest` to 2 · max_items items on 2 to max(2, max_ranks) ranks, every cost
     model and kind in turn."""
     rng = np.random.default_rng(seed)
-    return [_case(rng.integers(0, 4 + 100 * (index % 2), size=int(rng.integers(2, 2 * max_items + 1))).tolist(),
+    return [_case(rng.integers(0, 4 + 100 * (index % 2), size=int(rng.integers(fewest, 2 * max_items + 1))).tolist(),
                   int(rng.integers(2, max(2, max_ranks) + 1)), float(rng.choice([0.0, 0.25, 0.5])), 0,
                   list(COST_MODELS.values())[index % len(COST_MODELS)], kinds[index % len(kinds)],
                   OVERHEADS[index % len(OVERHEADS)])
             for index in range(count)]
 
 
+@functools.lru_cache(maxsize=4096)
 def optimum_of(case: MicroBatchCase) -> MicroBatchOptimum | None:
     """The optimum at the case's M: brute force while (M · D)**n is small, else the exact kernel
-    where it proves it within ORACLE_WORK_SECONDS of work; None when neither knows it."""
+    where it proves it within ORACLE_WORK_SECONDS of work; None when neither knows it.  Cached, as
+    the suites of several kernels draw the same cases."""
     n, cells = len(case.lengths), case.num_microbatches * case.num_ranks
     if cells**n <= BRUTE_FORCE_MAX_PLANS // 16:
         return brute_force_microbatches(case.lengths, case.num_ranks, case.max_tokens_per_microbatch,
@@ -167,6 +183,11 @@ def _certify(target: _Target, case: MicroBatchCase, plan: MicroBatchPlan | None,
              optimum: MicroBatchOptimum | None) -> None:
     where = case.describe()
     if plan is None:
+        if len(case.lengths) <= case.num_microbatches * case.num_ranks:
+            raise ConformanceError(f"{target.name} found no packing into num_microbatches={case.num_microbatches} "
+                                   f"on {case.num_ranks} ranks, though one item per cell packs them (n = "
+                                   f"{len(case.lengths)} <= M · D; `balance_microbatches` calls that the "
+                                   f"algorithm's failure, not the budget's); input {where}")
         if target.exact and optimum is not None and optimum.feasible:
             raise ConformanceError(f"{target.name} is declared exact but found no packing, though "
                                    f"{optimum.method} packs the items into M = {case.num_microbatches}; input {where}")
@@ -179,6 +200,14 @@ def _certify(target: _Target, case: MicroBatchCase, plan: MicroBatchPlan | None,
     if target.exact and plan.status is not Status.OPTIMAL:
         raise ConformanceError(f"{target.name} is declared exact but returned status {plan.status} at step cost "
                                f"{plan.step_cost}; input {where}")
+
+
+def _certify_where_proven(target: _Target, case: MicroBatchCase, plan: MicroBatchPlan | None) -> None:
+    """`_certify` a plan of a larger run against its optimum where one is proven (`optimum_of`); a None there
+    still where one item per cell fits."""
+    optimum = optimum_of(case)
+    if optimum is not None or plan is None:
+        _certify(target, case, plan, optimum)
 
 
 @dataclass(frozen=True)
@@ -198,11 +227,12 @@ def check_microbatch_conformance(algorithm_or_kernel, *, max_items: int = 5, max
 
     Raises `ConformanceError` naming the broken property and the smallest input Hypothesis
     found.  `padded` and `exact` default to what the record declares (both kinds, heuristic
-    for a bare kernel).  Inputs have up to `max_items` items (twice that for the repeated and
-    cross-process runs) on up to `max_ranks` ranks; `examples` per property; `time_limit`
-    reaches the kernel as the problem's.  `processes` also compares plans with two other
-    Python processes (the kernel must then be importable from a module: one defined in
-    `__main__` needs processes=False).
+    for a bare kernel).  Inputs have up to `max_items` items (twice that for the determinism,
+    repeated and cross-process runs; the determinism runs and LARGER_CASES more certified too
+    wherever brute force or the exact kernel proves the optimum within ORACLE_WORK_SECONDS of
+    work) on up to `max_ranks` ranks; `examples` per property; `time_limit` reaches the kernel as
+    the problem's.  `processes` also compares plans with two other Python processes (the kernel
+    must then be importable from a module: one defined in `__main__` needs processes=False).
 
     >>> report = check_microbatch_conformance("greedy", examples=5, processes=False)
     >>> report.kinds, report.plans_certified + report.no_packing, report.repeated_calls  # + Graham's, both kinds
@@ -228,13 +258,17 @@ def check_microbatch_conformance(algorithm_or_kernel, *, max_items: int = 5, max
     @suite_settings(examples)
     @given(microbatch_cases(max_items=2 * max_items, max_ranks=max_ranks, padded=target.kinds))
     def deterministic(case):
-        prints = [fingerprint(target.run(case, lengths)) for lengths in
-                  (list(case.lengths), np.array(case.lengths), np.array(case.lengths, dtype=np.int32))]
+        plans = [target.run(case, lengths) for lengths in
+                 (list(case.lengths), np.array(case.lengths), np.array(case.lengths, dtype=np.int32))]
+        prints = [fingerprint(plan) for plan in plans]
         if any(print_ != prints[0] for print_ in prints):
             raise ConformanceError(f"{target.name} is not deterministic: the same input gave "
                                    f"{[p[:2] for p in prints]} on three runs; input {case.describe()}")
+        _certify_where_proven(target, case, plans[0])
 
     run_properties((certified, deterministic))
+    for case in _seeded_cases(target.kinds, LARGER_CASES, max_items, max_ranks, seed=20240602, fewest=max_items + 1):
+        _certify_where_proven(target, case, target.run(case))
     repeated = check_repeats(target, _seeded_cases(target.kinds, REPEAT_CASES, max_items, max_ranks, seed=20240601))
     compared = 0
     if processes:
