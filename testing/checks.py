@@ -13,9 +13,14 @@ from ..balancers.problem import as_costs, as_lengths, as_num_ranks
 from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact
 
 _AUTO = object()
-_CHECK_OF = {MicroBatchPlan: "check_microbatch_plan", BalancePlan: "check_plan"}  # which check takes which plan
+_CHECK_OF = {SplitMicroBatchPlan: "check_split_microbatch_plan", ContextParallelPlan: "check_split_plan",
+             MicroBatchPlan: "check_microbatch_plan", BalancePlan: "check_plan"}  # which check takes which plan
+_MADE_BY = {SplitMicroBatchPlan: "balance_microbatches(..., context_parallel=)",
+            ContextParallelPlan: "balance(..., context_parallel=)", MicroBatchPlan: "balance_microbatches()",
+            BalancePlan: "balance()"}
 _SPLIT_CHECK = {ContextParallelPlan: "check_split_plan(plan, lengths, num_ranks, spec) checks it",
-                SplitMicroBatchPlan: "brute_force_split_microbatches gives its optimum"}
+                SplitMicroBatchPlan: "check_split_microbatch_plan(plan, lengths, num_ranks, spec, "
+                                     "max_tokens_per_microbatch) checks it against brute_force_split_microbatches"}
 
 
 def wrong_status(status) -> str | None:
@@ -27,24 +32,23 @@ def wrong_status(status) -> str | None:
 
 
 def check_plan_type(plan, expected: type) -> None:
-    """TypeError unless `plan` is an `expected` plan, naming the check that takes the plan it is.
+    """TypeError unless `plan` is an `expected` plan (one of `_CHECK_OF`'s kinds), naming the check that takes the
+    plan it is.
 
     >>> check_plan_type("x", BalancePlan)
     Traceback (most recent call last):
     ...
     TypeError: check_plan takes a BalancePlan as `plan` (what balance() returns); got str
     """
-    split = next((hint for kind, hint in _SPLIT_CHECK.items() if isinstance(plan, kind)), None)
-    if split is not None:  # loads in seconds on every rank of a group: not the unsplit checks' accounts
-        raise TypeError(f"{_CHECK_OF[expected]} takes a plan of unsplit items; got a {type(plan).__name__} "
-                        f"(context parallelism): orchmllm.testing.{split}")
-    if isinstance(plan, expected):
+    kind = next((kind for kind in _CHECK_OF if isinstance(plan, kind)), None)  # the most derived first
+    if kind is expected:
         return
-    other = next((f"; {check} checks a {kind.__name__}" for kind, check in _CHECK_OF.items() if isinstance(plan, kind)),
-                 "")
-    maker = "balance_microbatches()" if expected is MicroBatchPlan else "balance()"
-    raise TypeError(f"{_CHECK_OF[expected]} takes a {expected.__name__} as `plan` (what {maker} returns); got "
-                    f"{type(plan).__name__}{other}")
+    if kind in _SPLIT_CHECK and expected not in _SPLIT_CHECK:  # loads in seconds on every rank of a group
+        raise TypeError(f"{_CHECK_OF[expected]} takes a plan of unsplit items; got a {type(plan).__name__} "
+                        f"(context parallelism): orchmllm.testing.{_SPLIT_CHECK[kind]}")
+    other = "" if kind is None else f"; {_CHECK_OF[kind]} checks a {kind.__name__}"
+    raise TypeError(f"{_CHECK_OF[expected]} takes a {expected.__name__} as `plan` (what {_MADE_BY[expected]} "
+                    f"returns); got {type(plan).__name__}{other}")
 
 
 def _fail(plan: BalancePlan, message: str) -> None:

@@ -7,6 +7,13 @@
                         groups aligned, inside a node unless allowed, one group per rank,
                         loads and tokens exact, the budget held, bound <= optimum <= makespan,
                         `optimal` only when the makespan is the bound or the optimum
+    brute_force_split_microbatches
+                        the same over every micro-batch of every item too: the optimal step
+    check_split_microbatch_plan
+                        every invariant of a `SplitMicroBatchPlan` (`balance_microbatches(...,
+                        context_parallel=)`), as `check_split_plan`'s per micro-batch, cell
+                        tokens within T, the step Σ_m max_r load + M · overhead, bound <= optimum
+                        <= step, `optimal` exactly where the step is the bound
 
 The model is the spec's: item i on the block [s, s + c) costs every rank of it
 `spec.time(cost, [l_i], c, within_node)` and holds `layout.shard_tokens(l_i, c)` tokens;
@@ -23,9 +30,10 @@ import numpy as np
 
 from ..balancers import ContextParallel, ContextParallelPlan, CostModel, Status
 from ..balancers.context_parallel.layout import shard_tokens
+from ..balancers.context_parallel.microbatch_plan import SplitMicroBatchPlan
 from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
-from .checks import _AUTO, rounding_apart, wrong_status
+from .checks import _AUTO, check_plan_type, rounding_apart, wrong_status
 
 SPLIT_BRUTE_FORCE_MAX_PLANS = 2**17
 """Largest number of (block, degree) combinations `brute_force_split` enumerates."""
@@ -106,22 +114,26 @@ def brute_force_split(lengths, num_ranks, spec: ContextParallel, *, cost=None,
     return SplitOptimum(best, np.array([o[0] for o in best_plan]), np.array([o[1] for o in best_plan]), total)
 
 
-def _split_plans(num_items: int, num_ranks: int, spec: ContextParallel) -> float:
-    """How many combinations `brute_force_split` enumerates: every item has the same (block, degree) options."""
-    per_item = len(_blocks(num_ranks, spec))
+def _split_plans(num_items: int, num_ranks: int, spec: ContextParallel, num_microbatches: int = 1) -> float:
+    """How many combinations `brute_force_split` (or `brute_force_split_microbatches` at one M) enumerates: every
+    item has the same (micro-batch, block, degree) options."""
+    per_item = num_microbatches * len(_blocks(num_ranks, spec))
     return math.inf if num_items * math.log2(max(per_item, 1)) > 64 else float(per_item ** num_items)
 
 
-def _fail(plan: ContextParallelPlan, message: str) -> None:
-    raise AssertionError(f"split plan of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks): "
-                         f"{message}")
+def _fail(plan: ContextParallelPlan | SplitMicroBatchPlan, message: str) -> None:
+    what = "split plan" if isinstance(plan, ContextParallelPlan) else "split micro-batch plan"
+    raise AssertionError(f"{what} of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks): {message}")
 
 
-def _check_groups(plan: ContextParallelPlan, spec: ContextParallel, num_ranks: int) -> None:
-    """Degrees allowed; blocks aligned, in range, inside a node unless allowed; one group per rank."""
-    owner = np.full(num_ranks, -1, dtype=np.int64)
+def _check_groups(plan: ContextParallelPlan | SplitMicroBatchPlan, start: np.ndarray, spec: ContextParallel,
+                  num_ranks: int, microbatch: np.ndarray | None = None) -> None:
+    """Degrees allowed; blocks from `start` aligned, in range, inside a node unless allowed; one group per rank (in
+    each micro-batch of `microbatch`, when the plan has them)."""
+    owners = np.full((1 if microbatch is None else plan.num_microbatches, num_ranks), -1, dtype=np.int64)
     for item in range(plan.num_items):
-        s, c = int(plan.assignment[item]), int(plan.degree[item])
+        s, c = int(start[item]), int(plan.degree[item])
+        owner = owners[0 if microbatch is None else int(microbatch[item])]
         ranks = plan.item_ranks(item)
         if c not in spec.degrees or s % c or s < 0 or s + c > num_ranks or ranks.tolist() != list(range(s, s + c)):
             _fail(plan, f"item {item} is on ranks {ranks.tolist()} at degree {c}: not an aligned block of "
@@ -132,8 +144,29 @@ def _check_groups(plan: ContextParallelPlan, spec: ContextParallel, num_ranks: i
             key = s * (num_ranks + 1) + c
             clash = owner[s:s + c][(owner[s:s + c] >= 0) & (owner[s:s + c] != key)]
             if clash.size:
-                _fail(plan, f"item {item}'s group {ranks.tolist()} overlaps another group")
+                where = "" if microbatch is None else f" in micro-batch {int(microbatch[item])}"
+                _fail(plan, f"item {item}'s group {ranks.tolist()} overlaps another group{where}")
             owner[s:s + c] = key
+
+
+def _item_accounts(plan, start: np.ndarray, lengths: np.ndarray, spec: ContextParallel, cost: CostModel,
+                   microbatch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(loads, tokens) of every (micro-batch, rank), shape (M, D) (M = 1 without `microbatch`), recomputed: each
+    item's `spec.time` on every rank of its group from `start`, its zigzag shards' tokens there, summed in item order;
+    AssertionError where its shards do not hold its tokens or its `item_time` is not that time."""
+    shape = (1 if microbatch is None else plan.num_microbatches, plan.num_ranks)
+    loads, tokens = np.zeros(shape), np.zeros(shape, dtype=np.int64)
+    g = spec.gpus_per_node
+    for item in range(lengths.size):
+        s, c, m = int(start[item]), int(plan.degree[item]), 0 if microbatch is None else int(microbatch[item])
+        time = spec.time(cost, [lengths[item]], c, within_node=s // g == (s + c - 1) // g)[0]
+        shards = shard_tokens([lengths[item]], c)[0]
+        if int(shards.sum()) != int(lengths[item]) or plan.item_time[item] != time:
+            _fail(plan, f"item {item}: shards {shards.tolist()} of {int(lengths[item])} tokens, time "
+                        f"{plan.item_time[item]} (expected {time})")
+        loads[m, s:s + c] += time
+        tokens[m, s:s + c] += shards
+    return loads, tokens
 
 
 def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: ContextParallel, *, cost=None,
@@ -148,24 +181,14 @@ def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: C
     >>> plan = balance([40, 5, 5], 2, context_parallel=spec)
     >>> check_split_plan(plan, [40, 5, 5], 2, spec, optimum=brute_force_split([40, 5, 5], 2, spec))
     """
+    check_plan_type(plan, ContextParallelPlan)
     lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
     cost = CostModel() if cost is None else cost
     n = lengths.size
     if plan.num_ranks != num_ranks or plan.cost != cost or plan.assignment.shape != (n,) or plan.degree.shape != (n,):
         _fail(plan, f"was made for {plan.num_ranks} ranks and {plan.num_items} items with cost {plan.cost}")
-    _check_groups(plan, spec, num_ranks)
-    loads = np.zeros(num_ranks)
-    tokens = np.zeros(num_ranks, dtype=np.int64)
-    g = spec.gpus_per_node
-    for item in range(n):
-        s, c = int(plan.assignment[item]), int(plan.degree[item])
-        time = spec.time(cost, [lengths[item]], c, within_node=s // g == (s + c - 1) // g)[0]
-        shards = shard_tokens([lengths[item]], c)[0]
-        if int(shards.sum()) != int(lengths[item]) or plan.item_time[item] != time:
-            _fail(plan, f"item {item}: shards {shards.tolist()} of {int(lengths[item])} tokens, time "
-                        f"{plan.item_time[item]} (expected {time})")
-        loads[s:s + c] += time
-        tokens[s:s + c] += shards
+    _check_groups(plan, plan.assignment, spec, num_ranks)
+    loads, tokens = (rows[0] for rows in _item_accounts(plan, plan.assignment, lengths, spec, cost))
     if not np.array_equal(loads, plan.loads) or not np.array_equal(tokens, plan.tokens):
         _fail(plan, f"loads {plan.loads.tolist()} / tokens {plan.tokens.tolist()} != recomputed "
                     f"{loads.tolist()} / {tokens.tolist()}")
@@ -309,3 +332,96 @@ def brute_force_split_microbatches(lengths, num_ranks, spec: ContextParallel, *,
         return SplitOptimum(None, None, None, total)
     return SplitOptimum(best, np.array([o[1][0] for o in best_plan]), np.array([o[1][1] for o in best_plan]), total,
                         np.array([o[0] for o in best_plan]))
+
+
+def _check_passes(plan: SplitMicroBatchPlan) -> None:
+    """`passes[m]`, where the plan has them, places micro-batch m's items (ascending) as the plan does: starts,
+    degrees, times, loads and tokens (None for an empty micro-batch); without them no item is split."""
+    if plan.passes is None:
+        if plan.split_items.size:
+            _fail(plan, f"item {int(plan.split_items[0])} is split but the plan has no `passes` to lay it out")
+        return
+    if len(plan.passes) != plan.num_microbatches:
+        _fail(plan, f"has {len(plan.passes)} passes for {plan.num_microbatches} micro-batches")
+    for m, cell in enumerate(plan.passes):
+        items = np.flatnonzero(plan.microbatch == m)
+        if cell is None or not items.size:
+            if cell is not None or items.size:
+                _fail(plan, f"micro-batch {m} holds {items.size} items but its pass is {cell!r:.60}")
+            continue
+        same = [(cell.assignment, plan.rank[items]), (cell.degree, plan.degree[items]),
+                (cell.item_time, plan.item_time[items]), (cell.loads, plan.cell_loads[m]),
+                (cell.tokens, plan.cell_tokens[m])]
+        if not all(np.shape(ours) == np.shape(theirs) and np.array_equal(ours, theirs) for ours, theirs in same):
+            _fail(plan, f"micro-batch {m}'s pass places its items {items.tolist()} otherwise than the plan")
+
+
+def check_split_microbatch_plan(plan: SplitMicroBatchPlan, lengths, num_ranks: int, spec: ContextParallel,
+                                max_tokens_per_microbatch: int, *, cost=None, microbatch_overhead=0.0,
+                                optimum=_AUTO) -> None:
+    """Raise AssertionError unless `plan` is a certified plan of `balance_microbatches(lengths, num_ranks,
+    max_tokens_per_microbatch=, cost=, microbatch_overhead=, context_parallel=spec)` (`spec` on the plan's
+    topology: `spec.on(topology)` where one was given).
+
+    Checked from the input alone: every item in a micro-batch of [0, M) on an aligned group of an allowed degree,
+    inside a node unless allowed, no two groups of a micro-batch overlapping; its zigzag shards hold its tokens,
+    each on exactly its group's ranks, at `item_time` = `spec.time`; cell loads (summed in item order) and tokens
+    exact, every cell within the budget; step = Σ_m max_r load + M · overhead; 0 <= bound <= step; `optimal`
+    exactly where they are equal; `passes` as the plan places the items.  Against `optimum` (a `SplitOptimum` at the
+    plan's M; default `brute_force_split_microbatches` where it enumerates at most AUTO_SPLIT_ORACLE_PLANS = 4096
+    plans; None skips it): bound <= optimum <= step, equal when optimal.
+
+    >>> from orchmllm import balance_microbatches
+    >>> spec = ContextParallel(degrees=(1, 2), latency_s=0.0, seconds_per_cost=1.0)
+    >>> plan = balance_microbatches([40, 5, 5], 2, max_tokens_per_microbatch=25, context_parallel=spec)
+    >>> check_split_microbatch_plan(plan, [40, 5, 5], 2, spec, 25)
+    """
+    check_plan_type(plan, SplitMicroBatchPlan)
+    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
+    cost = CostModel() if cost is None else cost
+    n, m = lengths.size, plan.num_microbatches
+    expected = (num_ranks, max_tokens_per_microbatch, microbatch_overhead, False, None)
+    made = (plan.num_ranks, plan.max_tokens_per_microbatch, plan.microbatch_overhead, plan.padded, plan.pipeline)
+    if made != expected:
+        _fail(plan, f"was made for (num_ranks, max_tokens_per_microbatch, microbatch_overhead, padded, pipeline) = "
+                    f"{made}; expected {expected}")
+    for name in ("rank", "microbatch", "degree", "item_time"):
+        if np.shape(getattr(plan, name)) != (n,):
+            _fail(plan, f"`{name}` has shape {np.shape(getattr(plan, name))}; expected ({n},)")
+    outside = np.flatnonzero((plan.microbatch < 0) | (plan.microbatch >= m))
+    if outside.size:
+        _fail(plan, f"item {outside[0]} is in micro-batch {plan.microbatch[outside[0]]}, outside [0, {m})")
+    _check_groups(plan, plan.rank, spec, num_ranks, plan.microbatch)
+    loads, tokens = _item_accounts(plan, plan.rank, lengths, spec, cost, plan.microbatch)
+    for name, recomputed, reported in (("cell loads", loads, plan.cell_loads), ("cell tokens", tokens,
+                                                                                plan.cell_tokens)):
+        if np.shape(reported) != (m, num_ranks) or np.any(np.asarray(reported) != recomputed):
+            _fail(plan, f"{name} {np.asarray(reported).tolist()} differ from the items' {recomputed.tolist()}")
+    if tokens.max(initial=0) > max_tokens_per_microbatch:
+        cell = np.unravel_index(int(tokens.argmax()), tokens.shape)
+        _fail(plan, f"cell (rank {cell[1]}, micro-batch {cell[0]}) holds {int(tokens.max())} tokens > "
+                    f"max_tokens_per_microbatch={max_tokens_per_microbatch}")
+    step = math.fsum(loads.max(axis=1).tolist() + [m * plan.microbatch_overhead])
+    if plan.step_cost != step or not 0 <= plan.lower_bound <= step:
+        _fail(plan, f"step cost {plan.step_cost} / bound {plan.lower_bound} against Σ_m max_r load + M · overhead "
+                    f"= {step}")
+    if why := wrong_status(plan.status):
+        _fail(plan, why)
+    if (plan.status is Status.OPTIMAL) != (step == plan.lower_bound):
+        _fail(plan, f"status {plan.status} with step cost {step} and bound {plan.lower_bound}")
+    _check_passes(plan)
+    if optimum is _AUTO:
+        optimum = brute_force_split_microbatches(
+            lengths, num_ranks, spec, max_tokens_per_microbatch=max_tokens_per_microbatch, num_microbatches=m,
+            cost=cost, microbatch_overhead=microbatch_overhead) \
+            if _split_plans(n, num_ranks, spec, m) <= AUTO_SPLIT_ORACLE_PLANS else None
+    if optimum is None:
+        return
+    if optimum.makespan is None:
+        _fail(plan, f"brute_force_split_microbatches finds no plan within the budget at M = {m}, yet this one exists")
+    terms = n + 2 * m  # float rounding of the cells' sums and of the step's (`rounding_apart`)
+    if (step < optimum.makespan and rounding_apart(step, optimum.makespan, terms)) or (
+            plan.lower_bound > optimum.makespan and rounding_apart(plan.lower_bound, optimum.makespan, terms)):
+        _fail(plan, f"step cost {step} and bound {plan.lower_bound} do not bracket the optimum {optimum.makespan}")
+    if plan.status is Status.OPTIMAL and rounding_apart(step, optimum.makespan, terms):
+        _fail(plan, f"claims optimality at step cost {step} but the optimum at M = {m} is {optimum.makespan}")
