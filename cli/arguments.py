@@ -11,6 +11,7 @@ orchmllm.cli.errors.UsageError: --ranks must be comma-separated integers, e.g. 6
 
 from __future__ import annotations
 
+import argparse
 import codecs
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,8 +22,33 @@ DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_BYTES_PER_TOKEN = 8192.0  # a bf16 hidden state of 4096
 
 
+ASCII_ONLY = "the digits 0-9 only"  # int() and float() also read other scripts' digits: `-D ٢` as 2
+
+
+def ascii_number(kind):
+    """An argparse `type` reading `kind` (int or float) from ASCII text only, as lengths files are read
+    (`files._parse_length`); argparse names it `kind`'s way ("invalid int value: 'x'").
+
+    >>> ascii_number(int)("12")
+    12
+    >>> ascii_number(int)("\u0662")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: invalid int value: '٢' (the digits 0-9 only)
+    """
+    def read(text: str):
+        if not text.isascii():
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r} ({ASCII_ONLY})")
+        return kind(text)
+
+    read.__name__ = kind.__name__
+    return read
+
+
 def int_list(text: str, name: str) -> list[int]:
     """Comma-separated integers >= 1."""
+    if not text.isascii():
+        raise UsageError(f"{name} must be comma-separated integers of {ASCII_ONLY}, e.g. 64,512; got {text!r}")
     parts = [part.strip() for part in text.split(",")]
     if not any(parts):
         raise UsageError(f"{name} must list at least one integer; got {text!r}")
@@ -128,9 +154,11 @@ def cost_model(text: str | None):
     if text is None:
         return CostModel()
     try:
+        if not text.isascii():
+            raise ValueError(ASCII_ONLY)
         per_item, linear, quadratic = (float(part) for part in text.split(","))
     except ValueError:
-        raise UsageError(f"--cost must be three numbers PER_ITEM,LINEAR,QUADRATIC, e.g. 0,1,0.001; "
+        raise UsageError(f"--cost must be three numbers PER_ITEM,LINEAR,QUADRATIC ({ASCII_ONLY}), e.g. 0,1,0.001; "
                          f"got {text!r}") from None
     with usage_errors(f"--cost {text!r}"):
         return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)

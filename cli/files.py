@@ -250,8 +250,9 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
 
 def _check_npy_header(path: Path) -> None:
     """UsageError when the file is not a .npy file of plain values (np.load would speak of pickles and
-    `allow_pickle`), or when its header claims more bytes than the file holds (checked before
-    np.load allocates them: a header of 10**12 items in a 100-byte file)."""
+    `allow_pickle`), or when its header claims other than the bytes the file holds after it: more (checked
+    before np.load allocates them: a header of 10**12 items in a 100-byte file) or fewer (two np.save calls
+    on one handle, or bytes appended: np.load reads the first array only)."""
     with path.open("rb") as handle:
         if handle.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
             raise UsageError(f"{path}: not a plain numeric .npy array (the file does not start with the .npy "
@@ -270,9 +271,10 @@ def _check_npy_header(path: Path) -> None:
             raise UsageError(f"{path}: not a plain numeric .npy array (it holds Python objects, dtype {dtype})")
         claimed = math.prod(shape) * dtype.itemsize
         held = path.stat().st_size - handle.tell()
-    if claimed > held:
+    if claimed != held:  # fewer: np.load would read the first array and ignore the rest without a word
+        hint = "" if claimed > held else " (several arrays saved into one file?)"
         raise UsageError(f"{path}: the header claims shape {shape}, {claimed} bytes, but the file holds {held} "
-                         f"after it")
+                         f"after it{hint}")
 
 
 def _read_npy(path: Path) -> np.ndarray:
@@ -328,9 +330,16 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
 def check_parent(option: str, path, made=None) -> None:
     """UsageError when the directory `path` goes into does not exist (and is not `made`, the
     --plot directory this run makes): a mistyped path must not create directories anywhere."""
+    _named(option, path)
     parent = Path(path).parent
     if not parent.exists() and (made is None or parent != Path(made)):
         raise UsageError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
+
+
+def _named(option: str, path) -> None:
+    """UsageError for an empty name (Path('') is '.', the working directory)."""
+    if str(path) == "":
+        raise UsageError(f"{option} '': the name is empty; name a {'directory' if option == '--plot' else 'file'}")
 
 
 def check_plot_directory(path) -> None:
@@ -374,6 +383,7 @@ PLAN_SUFFIXES = (".json", ".csv", ".npy")
 def check_plan_path(path) -> None:
     """UsageError for an --output file type `save_plan` cannot write, or into a missing directory
     (checked before balancing)."""
+    _named("--output", path)
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"--output {str(path)!r} is a directory; name a file ending in .json, .csv or .npy")

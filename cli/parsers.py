@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 from importlib import import_module
 
-from .arguments import DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE
+from .arguments import DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, ascii_number
 
 DEFAULT_MODEL, DEFAULT_ITEMS_PER_RANK = "84b", "16"  # workloads only: None when not given, refused with --lengths
+INT, FLOAT = ascii_number(int), ascii_number(float)  # argparse types: `-D ٢` is no 2 (lengths files refuse it)
 MIXED_ONLY = {"algorithm": "auto", "transport": "flat", "costs": "calibrated", "repeats": 3}  # giants: defaults only
 
 
@@ -143,16 +144,16 @@ def _add_compare(commands) -> None:
     compare.add_argument("--cost", metavar="A,B,C", help="lengths files: cost f(l) = A + B*l + C*l^2 "
                                                          "(default: 0,1,0)")
     compare.add_argument("--padded", action="store_true", help="lengths files: padded rank cost count*f(max l)")
-    compare.add_argument("--time-limit", type=float,
+    compare.add_argument("--time-limit", type=FLOAT,
                          help="seconds an exact solver may spend per stage; also lets auto finish small "
                               "stages with the ILP (default: none, so auto is deterministic; ilp then uses "
                               "its own default)")
-    compare.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE,
+    compare.add_argument("--gpus-per-node", type=INT, default=DEFAULT_GPUS_PER_NODE,
                          help="GPUs per node (default: %(default)s)")
-    compare.add_argument("--bytes-per-token", type=float,
+    compare.add_argument("--bytes-per-token", type=FLOAT,
                          help=f"bytes moved per length unit, for --lengths files (default: "
                               f"{DEFAULT_BYTES_PER_TOKEN:g}, hidden 4096 in bf16)")
-    compare.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
+    compare.add_argument("--max-tokens-per-microbatch", type=INT, metavar="T",
                          help="also plan the last stage (the LLM) as gradient-accumulation micro-batches of at most "
                               "T tokens per rank: ours and the reimplemented peers' micro-batching, "
                               "with Σ_m max_r cost / bound and M (and cells.png with --plot)")
@@ -163,7 +164,7 @@ def _add_compare(commands) -> None:
                               "wider than --gpus-per-node lets every degree's groups cross nodes; split "
                               "times take the stage's cost in FLOPs on an H100 (workloads' costs are; give --cost in "
                               "FLOPs with --lengths)")
-    compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
+    compare.add_argument("--seed", type=INT, default=0, help="workload sampling seed (default: %(default)s)")
     compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
     compare.add_argument("--plot", metavar="DIR", help="write loads.png, traffic.png (and traffic_locality.png "
@@ -192,14 +193,14 @@ def _add_simulate(commands) -> None:
     source.add_argument("--workload", default="default", help="built-in workload: %(workloads)s "
                                                               "(default: %(default)s)")
     source.add_argument("--workload-file", metavar="FILE", help="JSON lines of multimodal samples")
-    simulate.add_argument("--samples-per-rank", type=int, default=None,
+    simulate.add_argument("--samples-per-rank", type=INT, default=None,
                           help="samples per rank (default: sized by memory like a training run: the largest of "
                                "1, 2, then multiples of 4 up to 64, at which ours fits in 90%% of GPU memory; every "
                                "strategy then runs that same batch; 32 with --max-tokens-per-microbatch, 4 with "
                                "--context-parallel, 128 per replica with --pipeline-stages)")
     simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
                                                "simulated as the reference)")
-    simulate.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
+    simulate.add_argument("--max-tokens-per-microbatch", type=INT, metavar="T",
                           help="simulate the step as gradient-accumulation micro-batches of at most T LLM tokens "
                                "per rank, under the strategies none, verl_dynamic_bsz, megatron_hybrid, sorted_grid "
                                "and ours (default --samples-per-rank then 32)")
@@ -209,21 +210,21 @@ def _add_simulate(commands) -> None:
                                "every degree's groups cross nodes), under the strategies none, no_split, static_cp, "
                                "megatron_dynamic_cp and ours (default --samples-per-rank then 4)")
     _add_pipeline_arguments(simulate)
-    simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
+    simulate.add_argument("--seed", type=INT, default=0, help="workload sampling seed (default: %(default)s)")
     simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
                                                         "--gpus) to DIR (needs matplotlib)")
 
 def _add_pipeline_arguments(simulate) -> None:
     """The pipeline options of `simulate`."""
-    simulate.add_argument("--pipeline-stages", type=int, metavar="P",
+    simulate.add_argument("--pipeline-stages", type=INT, metavar="P",
                           help="simulate a pipeline-parallel step: P stages over the model's layers (encoders on "
                                "the first), gpus / P data-parallel replicas, micro-batches of at most "
                                "--max-tokens-per-microbatch tokens (default 16384), strategies ours (PP-aware), "
                                "ours_unaware, verl_dynamic_bsz, sorted_grid, dynapipe_style")
     simulate.add_argument("--schedule", choices=_Names("..balancers.pipeline", "SCHEDULES"), metavar="SCHEDULE",
                           help="pipeline schedule with --pipeline-stages: %(schedules)s (default: 1f1b)")
-    simulate.add_argument("--virtual-stages", type=int, metavar="V",
+    simulate.add_argument("--virtual-stages", type=INT, metavar="V",
                           help="model chunks per stage with --schedule interleaved (default: 2)")
 
 DEMO_EXAMPLES = """examples:
@@ -251,26 +252,26 @@ def _add_demo(commands) -> None:
         "gradients, lost samples, exchange and planning time, and per-rank busy time, measured "
         "while every rank runs (concurrent) and replayed one rank at a time (isolated).",
         DEMO_EXAMPLES)
-    demo.add_argument("--ranks", type=int, default=4, help="processes, unless under torchrun (default: %(default)s)")
-    demo.add_argument("--steps", type=int, default=3, help="training steps (default: %(default)s)")
-    demo.add_argument("--samples-per-rank", type=int, default=16, help="samples per rank (default: %(default)s)")
+    demo.add_argument("--ranks", type=INT, default=4, help="processes, unless under torchrun (default: %(default)s)")
+    demo.add_argument("--steps", type=INT, default=3, help="training steps (default: %(default)s)")
+    demo.add_argument("--samples-per-rank", type=INT, default=16, help="samples per rank (default: %(default)s)")
     demo.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                       help="parameter dtype (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="data seed (default: %(default)s)")
+    demo.add_argument("--seed", type=INT, default=0, help="data seed (default: %(default)s)")
     demo.add_argument("--algorithm", default=MIXED_ONLY["algorithm"],
                       help="balancer of every stage (default: %(default)s)")
     demo.add_argument("--transport", choices=("flat", "hierarchical"), default=MIXED_ONLY["transport"],
                       help="all-to-all: flat or node-wise (default: %(default)s)")
-    demo.add_argument("--gpus-per-node", type=int, default=None,
+    demo.add_argument("--gpus-per-node", type=INT, default=None,
                       help="ranks per node of the node-wise transport (default: torchrun's LOCAL_WORLD_SIZE)")
     demo.add_argument("--costs", choices=("calibrated", "flops"), default=MIXED_ONLY["costs"],
                       help="stage cost models: timed on every rank, or FLOP formulas (default: %(default)s)")
-    demo.add_argument("--repeats", type=int, default=MIXED_ONLY["repeats"],
+    demo.add_argument("--repeats", type=INT, default=MIXED_ONLY["repeats"],
                       help="concurrent busy time = min over this many passes (default: %(default)s)")
-    demo.add_argument("--replay-repeats", type=int, default=5,
+    demo.add_argument("--replay-repeats", type=INT, default=5,
                       help="rounds of the isolated replay, every rank's work timed once in each "
                            "(default: %(default)s)")
-    demo.add_argument("--max-tokens-per-microbatch", type=int, default=None, metavar="T",
+    demo.add_argument("--max-tokens-per-microbatch", type=INT, default=None, metavar="T",
                       help="run the balanced step as gradient-accumulation micro-batches of at most T LLM tokens "
                            "per rank, compared with the unbalanced un-micro-batched step (default: one pass)")
     demo.add_argument("--workload", choices=("mixed", "giants"), default="mixed",
@@ -297,18 +298,18 @@ def _add_plan(commands) -> None:
         "or save the assignment (item -> rank) for another tool.",
         PLAN_EXAMPLES)
     plan.add_argument("lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy")
-    plan.add_argument("-D", "--ranks", type=int, required=True, help="number of data-parallel ranks")
+    plan.add_argument("-D", "--ranks", type=INT, required=True, help="number of data-parallel ranks")
     plan.add_argument("--algorithm", default="auto",
                       help="algorithm or peer name; NAME+locality keeps items near the rank that listed "
                            "them, the file's items being listed rank by rank (default: %(default)s)")
     plan.add_argument("--column", help="CSV column or JSON key holding the lengths")
     plan.add_argument("--cost", metavar="A,B,C", help="cost f(l) = A + B*l + C*l^2 (default: 0,1,0)")
     plan.add_argument("--padded", action="store_true", help="padded rank cost count*f(max l)")
-    plan.add_argument("--max-tokens", type=int, help="memory cap: tokens per rank")
-    plan.add_argument("--time-limit", type=float, help="seconds an exact solver may spend")
-    plan.add_argument("--gpus-per-node", type=int,
+    plan.add_argument("--max-tokens", type=INT, help="memory cap: tokens per rank")
+    plan.add_argument("--time-limit", type=FLOAT, help="seconds an exact solver may spend")
+    plan.add_argument("--gpus-per-node", type=INT,
                       help=f"with a +locality algorithm: GPUs per node (default: {DEFAULT_GPUS_PER_NODE})")
-    plan.add_argument("--bytes-per-token", type=float,
+    plan.add_argument("--bytes-per-token", type=FLOAT,
                       help=f"with a +locality algorithm: bytes moved per length unit (default: "
                            f"{DEFAULT_BYTES_PER_TOKEN:g})")
     plan.add_argument("--output", "-o", metavar="FILE", help="save the plan: .json (full), .csv (item,rank) "
