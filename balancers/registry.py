@@ -11,7 +11,7 @@ Other packages add algorithms without touching orchmllm's files, either by calli
 `Algorithm` record or a kernel).  Entry points are loaded lazily, the first time a name is
 not found or the registry is listed; one that fails to import, or whose name clashes with a
 registered algorithm, is skipped with a warning naming its distribution, so it never breaks
-another algorithm.  Names are reserved from the start: the built-in algorithms' and every
+another algorithm.  Names are reserved from the start: the built-in algorithms' (of both kinds) and every
 entry point's (orchmllm's own, the peers', first), so `register_algorithm` cannot take a name
 that an entry point will bring; only the entry point's own module registers under it.
 
@@ -160,8 +160,9 @@ class MicroBatchAlgorithm:
 def _check_record(record, kernels: tuple[str, ...], signature: str, flags: tuple[str, ...]) -> None:
     """Validate a record's fields in place (flags become bools, `kind` a Kind)."""
     name = record.name
-    if not isinstance(name, str) or not name.replace("_", "a").replace("-", "a").isalnum():
-        raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-'; got {name!r}")
+    if not isinstance(name, str) or len(name) > 64 or not (name[:1] + name.replace("_", "").replace("-", "")).isalnum():
+        raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-', a letter or digit first "
+                         f"(the CLI reads '-x' as a flag), at most 64 characters; got {name!r:.80}")
     for field in kernels:
         kernel = vars(type(record))[field].unresolved(record)
         module, colon, attr = kernel.partition(":") if isinstance(kernel, str) else ("", "", "")
@@ -248,14 +249,16 @@ def _add(record: Algorithm | MicroBatchAlgorithm, reserved: bool = True) -> Algo
                          f"the algorithm's place; choose another name")
     with _lock:
         known = records.get(record.name)
-        twin = next((name for name in records if name != record.name and name.lower() == record.name.lower()),
-                    None)
+        twin = next((name for name in records if name != record.name and name.lower() == record.name.lower()), None)
         if twin is not None:  # `--algorithm` and reports would tell the two apart by case alone
             raise ValueError(f"algorithm name {record.name!r} differs from the registered {twin!r} only in case; "
                              f"choose another name")
         if known is not None and known != record:
             raise ValueError(f"algorithm {record.name!r} is already registered ({known.kind}: "
                              f"{known.description}); choose another name")
+        ours = next((ours for ours in _BUILT_INS if reserved and ours.name.lower() == record.name.lower()), None)
+        if ours is not None and type(ours) is not type(record):  # one name, one kind of kernel (`check_conformance`)
+            raise ValueError(f"algorithm name {record.name!r} is orchmllm's {type(ours).__name__}'s; choose another")
         if known is None and reserved:
             _check_reserved(record)
         return records.setdefault(record.name, record)

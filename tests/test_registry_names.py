@@ -1,0 +1,34 @@
+"""Registry names a plugin may not take (probe56 N1, N2): one starting with '-' or '_' (the CLI reads
+`--algorithm --json` as a flag) or longer than 64 characters (it filled every 'choose one of' message), and one that
+names orchmllm's own algorithm of the other registry (`check_conformance('lpt')` ran the balancer where a micro-batch
+kernel 'lpt' was meant)."""
+
+import numpy as np
+import pytest
+
+from orchmllm import register_algorithm, register_microbatch_algorithm
+from orchmllm.balancers.problem import KernelResult
+
+
+def _all_on_rank_zero(problem):
+    return KernelResult(np.zeros(problem.num_items, dtype=np.int64))
+
+
+@pytest.mark.parametrize("name", ["-x", "--json", "_private", "x" * 65, ""])
+def test_a_name_a_flag_or_too_long_is_refused(name):
+    with pytest.raises(ValueError, match=r"`name` must be a non-empty str of letters, digits, '_' and '-', a letter "
+                                         r"or digit first \(the CLI reads '-x' as a flag\), at most 64 characters"):
+        register_algorithm(name, _all_on_rank_zero)
+
+
+def test_a_name_of_64_characters_with_dashes_inside_is_taken():
+    assert register_algorithm("n1-" + "x" * 61, _all_on_rank_zero).name == "n1-" + "x" * 61
+
+
+@pytest.mark.parametrize("register, name, theirs", [
+    (register_microbatch_algorithm, "lpt", "Algorithm"), (register_microbatch_algorithm, "Karmarkar_Karp", "Algorithm"),
+    (register_algorithm, "greedy", "MicroBatchAlgorithm"), (register_algorithm, "CELLS", "MicroBatchAlgorithm"),
+])
+def test_a_name_of_the_other_registrys_built_in_is_refused(register, name, theirs):
+    with pytest.raises(ValueError, match=rf"algorithm name '{name}' is orchmllm's {theirs}'s; choose another"):
+        register(name, (lambda problem, m: None) if register is register_microbatch_algorithm else _all_on_rank_zero)
