@@ -208,6 +208,8 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
         _fail(plan, f"status {plan.status} with step cost {step} and bound {plan.lower_bound}")
     if plan.pipeline is not None:
         _check_pipeline_step(plan, loads, item_costs, first_stage_costs)
+    elif first_stage_costs is not None:  # as balance_microbatches refuses them without a pipeline (probe56 F10)
+        raise ValueError("`first_stage_costs` apply to a plan with a pipeline (`plan.pipeline`); this plan has none")
     if optimum is None:
         return
     if optimum.num_microbatches != m:

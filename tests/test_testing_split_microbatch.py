@@ -126,3 +126,11 @@ def test_the_split_checks_name_the_check_that_takes_another_plan(plan):
     with pytest.raises(TypeError, match=r"check_split_microbatch_plan takes a SplitMicroBatchPlan .*; got "
                                         r"ContextParallelPlan; check_split_plan checks a ContextParallelPlan"):
         check_split_microbatch_plan(balance(LENGTHS, 4, context_parallel=SPEC), LENGTHS, 4, SPEC, 25)
+
+
+def test_first_stage_costs_of_a_plan_without_a_pipeline_are_refused():
+    """check_microbatch_plan ignored them where they mean nothing (probe56 F10's note)."""
+    from orchmllm.testing import check_microbatch_plan
+    plain = balance_microbatches([6, 5, 4, 3], 2, max_tokens_per_microbatch=8)
+    with pytest.raises(ValueError, match=r"`first_stage_costs` apply to a plan with a pipeline"):
+        check_microbatch_plan(plain, [6, 5, 4, 3], 2, 8, first_stage_costs=[1.0, 1.0, 1.0, 1.0])
