@@ -10,13 +10,16 @@ payload of every row schema an exchange sees, each peer pair swaps one header ro
 of them, which decides; every rank of a pair whose schemas differ raises `ContextParallelError` naming
 both.  A float64 row of a fixed size: it never aborts, whatever the schemas.  A schema agreed once is
 not swapped again (the layers of a model share theirs: one header round per micro-batch) until a new
-layout epoch of the group: a collective that every rank of it counts alike, `ContextParallelLayout.build`
-or a dispatcher's exchange (`note_epoch`).  Then an exchange swaps the header again at its next call, and
-the header's words carry a digest of the layout's epoch (when it was made) and split items.  A rank that
+layout epoch of the group: what every rank of it counts alike (`note_epoch`): a collective,
+`ContextParallelLayout.build` or a dispatcher's exchange, or a micro-batch that a dispatcher's loop
+reaches (every rank yields every micro-batch of a step, in order).  Then an exchange swaps the header
+again at its next call, and the header's words carry a digest of the layout's epoch (when it was made)
+and split items.  A rank that
 kept an earlier micro-batch's layout while its peers built new ones swapped no header where they did (the
 payload then misread or aborted as above: fix56); now it does, and every rank of the pair raises naming
-the stale layout.  A layout used again on every rank (a recompute) swaps alike and agrees.  Not caught: a
-layout reused within one epoch (a `planned` layout of another micro-batch of the same dispatched step).
+the stale layout, another micro-batch's of the same dispatched step too (fix58).  A layout used again on every
+rank (a recompute) swaps alike and agrees.  Not caught: a layout reused within one epoch (a `planned` layout
+made by hand and kept while peers make new ones with no epoch between; a multi-stage pass's layout).
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ ranks: its per-token rows travel as zigzag chunks in the same one all-to-all (`s
 each rank's micro-batch lists its sequences, shards included, in `micro.layout` (a
 `ContextParallelLayout`: `context_parallel_attention(q, k, v, micro.layout)`, unsplit positions
 for RoPE from `micro.layout.positions()`), and `combine` puts every chunk back at the item's home.
-Per-item rows go to every rank of the group; per-item outputs come home from group rank 0.
+Per-item rows go to every rank of the group; per-item outputs come home from group rank 0.  A micro-batch's
+layout is for its own body (and its recompute): attending with another micro-batch's is a
+`ContextParallelError` on every rank of the pair (`cp_rows`).
 """
 
 from __future__ import annotations
@@ -377,7 +379,7 @@ class PostBalancingDispatcher:
                 for key in moved}
         parts, step.carried = split_step(moved, rows, microbatch, count)  # differentiable: one reverse exchange
         layout = (lambda index: None) if self.options.context_parallel is None else \
-            (lambda index: plan.sharding.layout(index, self.group))
+            (lambda index: self._microbatch_layout(plan, index))
         last = plan.route.dest_ranks[plan.item_microbatch[plan.sharding.unit_item] == count - 1]
         contract = contract_of(step, np.bincount(last, minlength=size), self.group)
         step.empty = frozenset(range(count)) - frozenset(microbatch.tolist())  # a loop may skip those
@@ -386,6 +388,13 @@ class PostBalancingDispatcher:
                                   lengths=torch.from_numpy(tokens[microbatch == index]), layout=layout(index),
                                   step=step, contract=contract)
                        for index in range(count))
+
+    def _microbatch_layout(self, plan: DispatchPlan, index: int):
+        """Micro-batch `index`'s layout, as the loop reaches it: every rank of the group yields every micro-batch
+        in order, so each begins a layout epoch alike (`cp_rows`), and a layout of another micro-batch of the step
+        used in it swaps its header where its peers swap theirs (named on both ranks, never read as keys)."""
+        note_epoch(self.group)
+        return plan.sharding.layout(index, self.group)
 
     def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None, order=None,
                 differentiable: bool = True) -> dict[str, torch.Tensor]:

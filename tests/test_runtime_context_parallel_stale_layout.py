@@ -78,12 +78,37 @@ def _dispatched(rank, size):
     return "attended"
 
 
-def _named_stale(outcomes):
+def _within_step(rank, size, stale):
+    """One dispatched step of two micro-batches, each splitting an item over both ranks.  `stale`: rank 0 attends
+    in micro-batch 1 with micro-batch 0's layout (fix58; before, it attended to its peer's header row as keys and
+    gloo aborted its peer).  Else every rank attends with each micro-batch's layout, and in micro-batch 1 again
+    with micro-batch 0's (activation checkpointing's recompute): what each call returned."""
+    spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
+                           kv_bytes_per_token=0, seconds_per_cost=1.0)
+    dispatcher = PostBalancingDispatcher(context_parallel=spec, max_tokens_per_microbatch=24)
+    x = torch.randn(40, 1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    plan = dispatcher.plan([40])
+    seen, outputs = [], []
+    for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": x}, plan)):
+        seen.append(micro)
+        use = seen[0] if stale and rank == 0 else micro
+        try:
+            outputs.append(context_parallel_attention(*[use.data["x"]] * 3, use.layout))
+        except ContextParallelError as error:
+            return str(error)
+        if micro.index == 1 and not stale:
+            outputs.append(context_parallel_attention(*[seen[0].data["x"]] * 3, seen[0].layout))
+    assert [len(micro.layout.splits) for micro in seen] == [1, 1] and seen[0].layout.splits != seen[1].layout.splits
+    return "attended" if stale else torch.equal(outputs[0], outputs[2])
+
+
+def _named_stale(outcomes, items=(0, 0)):
+    """Each rank names its peer, with the split item of the peer's exchange it attends with (`items`, by rank)."""
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         assert isinstance(o.value, str), (o.rank, o.value)  # rank 0 attended to its peer's header row before
-        assert (f"context-parallel attention on rank {o.rank}: group peers rank {1 - o.rank} (split item 0 on group "
-                f"(0, 1)) attend with {STALE}") in o.value, o.value
+        assert (f"context-parallel attention on rank {o.rank}: group peers rank {1 - o.rank} (split item "
+                f"{items[o.rank]} on group (0, 1)) attend with {STALE}") in o.value, o.value
 
 
 @pytest.mark.parametrize("length", [12, 8], ids=["other split items", "the same split items"])
@@ -99,3 +124,15 @@ def test_layouts_used_again_on_every_rank_attend_exactly():
     outcomes = run_processes(_used_again, 2, timeout_s=60, collective_timeout_s=15)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     assert max(error for o in outcomes for error in o.value) < 1e-12, [o.value for o in outcomes]
+
+
+def test_regression_another_micro_batchs_layout_of_the_same_step_was_read_silently():
+    """fix58: micro-batches of one dispatched step shared a layout epoch, so a rank attending with another
+    micro-batch's layout swapped no header where its peer did (rank 0 attended, rank 1 aborted: SIGABRT).  Each
+    micro-batch the loop reaches begins an epoch on every rank alike."""
+    _named_stale(run_processes(_within_step, 2, args=(True,), timeout_s=60, collective_timeout_s=15), items=(0, 1))
+
+
+def test_a_dispatched_micro_batchs_layout_recomputed_in_the_next_attends_the_same():
+    outcomes = run_processes(_within_step, 2, args=(False,), timeout_s=60, collective_timeout_s=15)
+    assert [(o.ok, o.value) for o in outcomes] == [(True, True)] * 2, [o.error for o in outcomes]
