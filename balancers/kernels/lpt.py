@@ -14,14 +14,15 @@ rank exactly when that rank stays ahead of every rank already topped up in the r
 the first item where that fails starts the next round. A round that places fewer than D/s items (s = 8; over
 4096 ranks 16 for float costs, 64 on integer keys) is redone as D steps of a heap, so every O(D log D) round
 pays for at least D/s items: O(s · n log D) in all, s a constant; below 32 ranks, where rounds hold only a few
-items, the heap loop runs alone. Integer costs sort as unique int64 keys (cost · n + index, load · D + rank),
-much faster than stable sorts; when every load stays exact (below 2**53 once the costs' common power of two is
-divided out), each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum and one
-sort (full rounds of equal costs keep the keys' order: a run of them is one step). With a memory cap, the
-least-loaded rank that still has room is taken (`lpt_capped`: the uncapped plan up to its first overflow, then
-rounds that never offer a full rank twice; the uncapped plan is kept when it already fits, since the choices are
-then the same). Padded ranks cost count · f(max length); items go longest first to the rank whose cost grows
-least, in O(n log D) with a heap.
+items, the heap loop runs alone.  A run of equal float costs filling 1/8 of a round or more, or all that a heap
+round would hold, is placed at once (`lpt_runs`: the least slots of the ranks, merged).  Integer costs sort as unique
+int64 keys (cost · n + index, load · D + rank), much faster than stable sorts; when every load stays exact (below
+2**53 once the costs' common power of two is divided out), each rank is a single sorted key (load << shift) | rank
+and a round is one prefix minimum and one sort (full rounds of equal costs keep the keys' order: a run of them is
+one step). With a memory cap, the least-loaded rank that still has room is taken (`lpt_capped`: the uncapped plan up
+to its first overflow, then rounds that never offer a full rank twice; the uncapped plan is kept when it already
+fits, since the choices are then the same). Padded ranks cost count · f(max length); items go longest first to the
+rank whose cost grows least, in O(n log D) with a heap.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..bounds import cap_refusal
 from ..problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit, integer_values, rank_tokens,
                        read_only, sorted_order)
 from .last_units import LastUnits as _LastUnits, same_memory  # `_LastUnits`: the tests' name
+from .lpt_runs import RUN_SHARE, EqualRuns, merged_order, place_run
 
 
 def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
@@ -344,23 +346,48 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, 
     loads = np.zeros(num_ranks)
     n, position = sorted_costs.size, 0
     integer = integer_loads(sorted_costs, num_ranks)
+    runs, ranks = EqualRuns(sorted_costs, num_ranks), None
     while position < n:
         stop = min(n, position + num_ranks)
-        ranks = ranks_by_load(loads, integer)[: stop - position]
+        ranks = ranks_by_load(loads, integer) if ranks is None else ranks  # kept where a run placed at once
         chunk = sorted_costs[position:stop]
         if chunk[0] == 0:  # the costs left are 0: each goes to the least loaded rank, which stays so
             assignment[order[position:]] = ranks[0]
             break
-        placed = round_length(loads[ranks], ranks, chunk, integer)
+        run = runs.at(position)
+        # at once where a round would place under 1/RUN_SHARE of the run: the loads spread over its cost before that
+        spread = run and loads[ranks[min(run // RUN_SHARE, num_ranks - 1)]] - loads[ranks[0]] >= chunk[0]
+        after_run = _run_placed(loads, ranks, sorted_costs, order, position, run, assignment) if spread else None
+        if after_run is not None:
+            position, ranks = position + run, after_run
+            continue
+        placed = round_length(loads[ranks[: stop - position]], ranks[: stop - position], chunk, integer)
         if (_WIDE_HEAP_SHARE if num_ranks > _WIDE_ROUND else 8) * placed < stop - position:
-            _heap_round(loads, chunk, order[position:stop], assignment)
+            stop = min(stop, runs.next_start(position))
+            ranks = _run_placed(loads, ranks, sorted_costs, order, position, stop - position, assignment) \
+                if stop <= runs.end(position) else None
+            if ranks is None:
+                _heap_round(loads, chunk[: stop - position], order[position:stop], assignment)
             position = stop
             continue
         ranks = ranks[:placed]
         assignment[order[position: position + placed]] = ranks
         loads[ranks] += chunk[:placed]
-        position += placed
+        position, ranks = position + placed, None
     return assignment
+
+
+def _run_placed(loads: np.ndarray, ranks: np.ndarray, sorted_costs: np.ndarray, order: np.ndarray, position: int,
+                run: int, assignment: np.ndarray) -> np.ndarray | None:
+    """The ranks by (load, rank) once the `run` equal costs from `position` are placed at once (`lpt_runs`), `loads`
+    and `assignment` updated; None where not placed.  `ranks`: all of them by (load, rank) before."""
+    chosen = ranks[:run]
+    after = (loads[ranks[run]], int(ranks[run])) if run < ranks.size else None
+    placed = place_run(loads[chosen], chosen, float(sorted_costs[position]), run, after=after)
+    if placed is None:
+        return None
+    assignment[order[position: position + run]], taken, loads[chosen] = placed
+    return merged_order(loads, np.concatenate((chosen[taken == 0], ranks[chosen.size:])), chosen[taken > 0])
 
 
 def _greedy_padded(problem: Problem, cap: int | None) -> np.ndarray:

@@ -19,7 +19,9 @@ in the round that has room for the item again (a taken rank is not offered twice
   ranks take item after item (a round keeps under 1/8 of its items), D items go one heap step
   each instead, ranks without room for the next item waiting in a max-room heap until the
   items are short enough (`_heap_run`).  A round or a heap run costs O(D) numpy work and O(log D)
-  per item, so the whole is O(n log D) up to the number of short rounds.
+  per item, so the whole is O(n log D) up to the number of short rounds.  A run of one length and
+  cost filling 1/8 of a round or more (or all that a heap run would hold) goes at once, each rank
+  taking at most what its room holds (`lpt_runs`).
 - Otherwise (costs given per item, lengths up and down), each item finds its rank by a descent
   of a max-room tree over the ranks in order, O(log D) Python steps (`_tree_round`; the tree is
   rebuilt, O(D), per round).
@@ -36,6 +38,7 @@ import heapq
 import numpy as np
 
 from ..problem import Problem, token_sums
+from .lpt_runs import EqualRuns, merged_order, place_run
 
 MIN_RUN = 8  # fewer items before lengths grow: a tree round
 
@@ -56,22 +59,37 @@ class _CappedState:
     def place(self, position: int, taken: np.ndarray) -> np.ndarray:
         """Items position.. go to the ranks at `taken` (positions in `ranked`, one item each);
         returns those ranks."""
-        placed = ranks = self.ranked[taken]
+        ranks = self.ranked[taken]
         stop = position + ranks.size
         self.loads[ranks] += self.costs[position:stop]
         self.tokens[ranks] += self.lengths[position:stop]
-        rest = np.delete(self.ranked, taken)
-        loads = self.loads[ranks]
-        ranks = ranks[np.lexsort((ranks, loads))]
-        loads = self.loads[ranks]
-        rest_loads = self.loads[rest]
-        at = np.searchsorted(rest_loads, loads, side="left")
-        tied = np.flatnonzero(at < np.searchsorted(rest_loads, loads, side="right"))
-        for k in tied.tolist():  # equal loads: after the tied ranks below this one
-            block = rest[at[k]:np.searchsorted(rest_loads, loads[k], side="right")]
-            at[k] += int(np.searchsorted(block, ranks[k]))
-        self.ranked = np.insert(rest, at, ranks)
-        return placed
+        self._reinsert(np.delete(self.ranked, taken), ranks)
+        return ranks
+
+    def place_run(self, position: int, count: int) -> np.ndarray | None:
+        """Ranks of the `count` items from `position` (one length, one cost > 0) placed at once (`lpt_runs`): fewer
+        where the ranks' room ran out, None where `place_run` found no level."""
+        length = int(self.lengths[position])
+        room = self.cap - self.tokens[self.ranked]
+        open_ = self.ranked[room >= length]
+        chosen = open_[:count]
+        after = (self.loads[open_[count]], int(open_[count])) if count < open_.size else None
+        limits = (self.cap - self.tokens[chosen]) // length if length else None
+        placed = place_run(self.loads[chosen], chosen, float(self.costs[position]), count, limits, after) \
+            if chosen.size else (chosen, chosen, self.loads[chosen])
+        if placed is None:
+            return None
+        ranks, taken, self.loads[chosen] = placed
+        self.tokens[chosen] += taken * length
+        moved = chosen[taken > 0]
+        kept = np.ones(self.num_ranks, dtype=bool)
+        kept[moved] = False
+        self._reinsert(self.ranked[kept[self.ranked]], moved)
+        return ranks
+
+    def _reinsert(self, rest: np.ndarray, ranks: np.ndarray) -> None:
+        """`ranked` from `rest` (still in order) and `ranks` (loads changed) merged in by (load, rank)."""
+        self.ranked = merged_order(self.loads, rest, ranks)
 
 
 def _release_merge(eligible: np.ndarray, late: np.ndarray, release: np.ndarray, size: int) -> np.ndarray:
@@ -263,6 +281,7 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hop
     if hopeless is not None and cannot_finish(state.lengths[start:], state.tokens, cap):
         raise hopeless(problem, cap, int(order[start]))
     grows = np.flatnonzero(state.lengths[1:] > state.lengths[:-1]) + 1  # where lengths grow
+    runs = EqualRuns(state.costs, state.num_ranks, state.lengths)
     free = n - int(np.searchsorted(state.costs[::-1], 0.0, side="right"))  # the items of cost 0 from here
     assignment = np.empty(n, dtype=np.int64)
     assignment[order[:start]] = ranks[:start]
@@ -275,6 +294,14 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hop
             if position < n:
                 raise no_room(problem, int(order[position]), cap)
             break
+        run = runs.at(position)
+        placed = state.place_run(position, run) if run else None
+        if placed is not None:
+            assignment[order[position:position + placed.size]] = placed
+            position += placed.size
+            if placed.size < run:
+                raise no_room(problem, int(order[position]), cap)
+            continue
         later = np.searchsorted(grows, position, side="right")
         run_end = int(grows[later]) if later < grows.size else n
         size = min(n - position, state.num_ranks, run_end - position)
@@ -283,7 +310,10 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hop
         else:
             taken = _merged_round(state, position, size)
             if 8 * taken.size < size:  # the least-loaded ranks take item after item: one heap step each
-                placed = _heap_run(state, position, min(run_end, position + state.num_ranks))
+                stop = min(run_end, position + state.num_ranks, runs.next_start(position))
+                placed = state.place_run(position, stop - position) if stop <= runs.end(position) else None
+                if placed is None:
+                    placed = _heap_run(state, position, stop)
             else:
                 placed = state.place(position, taken)
         if not placed.size:
