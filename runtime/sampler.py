@@ -51,7 +51,7 @@ _END = object()  # what `next` returns from a loader that yielded every micro-ba
 AGREEMENT = ("BalancedDistributedSampler's epoch agreement all-gather (every process of `group` iterates the "
              "sampler, or passes check_agreement=False)")  # what a dead or stalled peer's error names
 PLANS, FAILED = "plans of the epoch", "planning failed: "  # the plans' digest, or why they are missing
-FAILED_ON = "BalancedDistributedSampler's planning of the epoch failed"
+FAILED_ON = "BalancedDistributedSampler's planning of the epoch failed"  # on some ranks, the others planned it
 SAME_OPTIONS = ("every rank must pass the same dataset and options (and call set_epoch alike), else the shares "
                 "duplicate or drop samples")
 FAILURE_CHARS = 300  # of a failure's message, carried in the gather to every rank
@@ -344,17 +344,21 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         problems = [self._rank_problem(rows[:, 4].tolist())]
         differ = disagreement([row[:4].tobytes() for row in rows], "BalancedDistributedSampler configuration",
                               group_rank(self.group), show=lambda value: value.hex()[:12])
+        options_blamed = problems[0] is not None
         if differ:  # the same rows on every rank: all of them gather the settings here
-            problems.append(self._what_differs(differ, settings))
+            what, blamed = self._what_differs(differ, settings)
+            problems.append(what)
+            options_blamed = options_blamed or blamed
         problems = [problem for problem in problems if problem]
         if problems:
-            failed_only = len(problems) == 1 and problems[0].startswith(FAILED_ON)  # no option to blame
-            raise ConfigMismatchError("; ".join(problems) + ("" if failed_only else f"; {SAME_OPTIONS}")) from failure
+            raise ConfigMismatchError("; ".join(problems) + (f"; {SAME_OPTIONS}" if options_blamed else "")) \
+                from failure
         if failure is not None:
             raise failure
 
-    def _what_differs(self, differ: str, settings: dict) -> str:
-        """`differ` with the settings that differ (gathered from every rank), or the ranks whose planning failed."""
+    def _what_differs(self, differ: str, settings: dict) -> tuple[str, bool]:
+        """`differ` with the settings that differ (gathered from every rank), or the ranks whose planning failed;
+        and whether options are to blame (not where only a plan failed)."""
         gathered = [None] * group_size(self.group)
         with collective(AGREEMENT, self.group):
             dist.all_gather_object(gathered, ({name: _describe(value) for name, value in settings.items()
@@ -370,13 +374,14 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             return (f"{FAILED_ON} (seen from rank {group_rank(self.group)}): "
                     + "; ".join(f"ranks {ranks}: {text}" for text, ranks in failed.items())
                     + (f" (ranks {planned} planned it)" if planned else "")
-                    + (f"; settings that differ: {options_that_differ(shown)}" if settings_differ else ""))
+                    + (f"; settings that differ: {options_that_differ(shown)}" if settings_differ else ""),
+                    settings_differ)
         if settings_differ:  # the plans differ with the settings: name those
-            return f"{differ}; settings that differ: {options_that_differ(shown)}"
+            return f"{differ}; settings that differ: {options_that_differ(shown)}", True
         plans_shown = [{PLANS: repr(plan)} for plan in plans]
         return (f"{differ}; settings that differ: {options_that_differ(plans_shown)} (only the plans differ: another "
                 f"orchmllm version or algorithm implementation on some ranks, or an algorithm whose plans depend on "
-                f"the process: a plugin should pass `orchmllm.testing.check_conformance`)")
+                f"the process: a plugin should pass `orchmllm.testing.check_conformance`)", True)
 
     def _plans_digest(self) -> str:
         """A digest of every step's plan this epoch, which every rank computes alone: ranks whose solvers differ

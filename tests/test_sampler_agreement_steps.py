@@ -55,9 +55,12 @@ def agreement_job(rank, size):
     register_algorithm("test_fix58_apart", apart_on_the_middle_step)
     register_algorithm("test_fix58_raising", raising_on_rank_1)
     register_algorithm("test_fix58_round_robin", round_robin)
-    return [outcome_of(BalancedDistributedSampler(LENGTHS, num_replicas=size, rank=rank, global_batch_size=8,
-                                                  algorithm=algorithm))
-            for algorithm in ("test_fix58_apart", "test_fix58_raising", "test_fix58_round_robin")]
+    samplers = [BalancedDistributedSampler(LENGTHS, num_replicas=size, rank=rank, global_batch_size=8,
+                                           algorithm=algorithm)
+                for algorithm in ("test_fix58_apart", "test_fix58_raising", "test_fix58_round_robin", "lpt")]
+    if rank == 1:
+        samplers[-1].algorithm = "ilp"  # a setting made invalid after construction: its planning fails too
+    return [outcome_of(sampler) for sampler in samplers]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,7 @@ def outcomes():
 
 
 def test_regression_an_algorithm_planning_apart_on_a_middle_step_passed_the_check(outcomes):
-    for rank, (apart, _, _) in enumerate(outcomes):
+    for rank, (apart, *_) in enumerate(outcomes):
         assert isinstance(apart, str), apart  # it yielded shares that duplicated and dropped samples
         assert f"configuration differs across ranks (seen from rank {rank}): ranks [1] disagree with ranks [0]" in \
             apart and "settings that differ: `plans of the epoch` (ranks [0]: '" in apart, apart
@@ -78,7 +81,7 @@ def test_regression_an_algorithm_planning_apart_on_a_middle_step_passed_the_chec
 
 
 def test_regression_a_rank_whose_planning_failed_was_blamed_on_versions(outcomes):
-    for rank, (_, raising, _) in enumerate(outcomes):
+    for rank, (_, raising, *_) in enumerate(outcomes):
         assert raising.startswith(f"BalancedDistributedSampler's planning of the epoch failed (seen from rank {rank}): "
                                   f"ranks [1]: RuntimeError: algorithm 'test_fix58_raising' raised ZeroDivisionError: "
                                   f"rank 1's plugin bug (ranks [0] planned it)"), raising
@@ -87,7 +90,7 @@ def test_regression_a_rank_whose_planning_failed_was_blamed_on_versions(outcomes
 
 
 def test_ranks_that_plan_alike_share_every_sample_once(outcomes):
-    shares = [alike for _, _, alike in outcomes]
+    shares = [alike for _, _, alike, _ in outcomes]
     assert all(isinstance(rank_shares, list) for rank_shares in shares), shares
     seen = sorted(index for rank_shares in shares for share in rank_shares for index in share)
     assert seen == list(range(LENGTHS.size))
@@ -101,3 +104,11 @@ def test_the_shares_are_the_epoch_plans_shares():
         assert list(sampler) == expected and len(expected) == len(sampler) == 5
         sampler.set_epoch(1)
         assert list(sampler) != expected
+
+
+def test_a_setting_that_fails_planning_is_named_with_the_failure(outcomes):
+    for rank, (*_, invalid) in enumerate(outcomes):
+        assert invalid.startswith(f"BalancedDistributedSampler's planning of the epoch failed (seen from rank {rank}): "
+                                  f"ranks [1]: ValueError: `algorithm` 'ilp' is an exact solver"), invalid
+        assert "(ranks [0] planned it); settings that differ: `algorithm` (ranks [0]: 'lpt'; ranks [1]: 'ilp')" in \
+            invalid and "every rank must pass the same dataset and options" in invalid, invalid
