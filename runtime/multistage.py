@@ -97,7 +97,8 @@ class MultiStageRuntime:
             outputs' autograd graphs must reach every trainable parameter of the module (an `nn.Module`, its bound
             method, or either under functools.partial; other callables, such as a lambda calling the module, are
             refused), else every rank raises `EncoderContractError`.  False where unused parameters are harmless
-            (gradients reduced by hand, DDP with find_unused_parameters).
+            (gradients reduced by hand, DDP with find_unused_parameters); the embedding exchange then records its
+            backward on every rank (an early return's output, needing no grad, left peers waiting), frozen ones' too.
         orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing),
             max_tokens_per_microbatch=T (gradient accumulation: see `microbatches`).
     """
@@ -406,7 +407,7 @@ class MultiStageRuntime:
                   for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
                                                               self.modalities)]
         arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=problem,
-                                     record=False)  # the encoder contract: outputs need grad on every rank alike
+                                     record=not self.check_encoders)  # the checked contract: grads agree
         return self._assemble(routes, text_embedded, arrived, moved)
 
     def _encode(self, routes: PassRoutes, moved: Dispatched, encoders, text_embedding, text_key):
