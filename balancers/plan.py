@@ -179,7 +179,7 @@ def run_kernel(kernel: Kernel, problem: Problem, algorithm: str,
     """(`kernel(problem)`'s result (`call_kernel`), checked to be a KernelResult (`require_result`), and
     `lower_bound(problem)`): the bound is computed before the kernel is handed the problem, so that nothing
     the kernel does to it (or to the orders the bound reads) reaches the certificate (`make_plan(bound=)`).
-    The result's status and bound are checked here (`kernel_status`, `require_timed` for a plugin, `real_bound`),
+    The result's status and bound are checked here (`kernel_status`, `real_bound`),
     before any path reads or drops them (probe56 F2: under `sources=` a status 5 passed unread).
     A `built_in` kernel (`registry.built_in`) writes nothing: its bound is left to `make_plan` (None), which
     skips it where the kernel proved its plan optimal."""
@@ -187,8 +187,6 @@ def run_kernel(kernel: Kernel, problem: Problem, algorithm: str,
     result = call_kernel(kernel, algorithm, problem, built_in=built_in)
     require_result(result, KernelResult, algorithm)
     status = kernel_status(result.status, algorithm)
-    if not built_in:
-        require_timed(status, problem, algorithm)
     return result._replace(assignment=checked_assignment(result.assignment, problem, algorithm), status=status,
                            lower_bound=real_bound(result.lower_bound, algorithm)), bound
 
@@ -222,15 +220,6 @@ def kernel_status(status, algorithm: str) -> Status:
     except ValueError:
         raise RuntimeError(f"algorithm {algorithm!r} returned status {status!r}; expected one of "
                            f"{[str(known) for known in Status]}") from None
-
-
-def require_timed(status: Status, problem, algorithm: str) -> None:
-    """RuntimeError naming a plugin that returns status `time_limit` on a problem with no `time_limit`, a
-    contradiction as its TimeoutError there is (`_contradiction`; probe56 N3: the plan read 'time_limit').  Not for
-    orchmllm's own kernels, whose exact searches run under `exact.ilp.DEFAULT_TIME_LIMIT` then."""
-    if status is Status.TIME_LIMIT and problem.time_limit is None:
-        raise RuntimeError(f"algorithm {algorithm!r} returned status 'time_limit' on a problem with no time limit "
-                           f"(`time_limit` None): a bug of the kernel (return 'feasible' for a plan it did not prove)")
 
 
 def real_bound(claimed, algorithm: str) -> float | None:

@@ -368,8 +368,9 @@ def test_regression_a_sample_over_the_microbatch_budget_was_named_by_its_index_a
         Orchestrator(stages, 4, max_tokens_per_microbatch=budget).plan(Batch.from_samples(samples, 4))
 
 
-# Methods of StepPlan that take no argument: each builds an object or hashes, what a property should not hide.
-BUILDING_METHODS = {"digest", "input_exchange", "embedding_exchanges"}
+# Methods of StepPlan that take no argument: each builds an object (built(): the routes) or hashes, what a property
+# should not hide.
+BUILDING_METHODS = {"digest", "input_exchange", "embedding_exchanges", "built"}
 
 
 def test_what_a_step_plan_holds_or_costs_is_a_property_not_a_method():

@@ -14,7 +14,7 @@ import numpy as np
 from ..cost import CostModel
 from ..orders import Orders
 from ..plan import (call_kernel, certify, claimed_bound, cost_unit, integral, json_head, kernel_status, real_bound,
-                    require_result, require_timed, rounded_up, sums_exact_below)
+                    require_result, rounded_up, sums_exact_below)
 from ..problem import Problem, SortedItems, Status, exact_sum, integer_sum, read_only, token_sums
 from ..validation import as_index
 from .bounds import beyond_one_microbatch, min_microbatches, step_cost_bound
@@ -293,9 +293,8 @@ def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = T
                    built_in: bool = False, witness: MicroBatchKernel | None = None) -> MicroBatchKernel:
     """`kernel` called by `call_kernel`, every result it returns checked (`check_result`), its cells copied
     unless the kernel is orchmllm's own (`registry.built_in`: a plugin that reuses a buffer would rewrite them,
-    here another M's result or a plan made before) and made read-only, a plugin's status to the problem's time limit
-    (`require_timed`) and its cells to the budget (`within_budget`: before `sources=` or `pipeline=` re-deal them,
-    probe56 F2), and its bound held to the result's own
+    here another M's result or a plan made before) and made read-only, a plugin's cells held to the budget
+    (`within_budget`: before `sources=` or `pipeline=` re-deal them, probe56 F2), and its bound held to the result's own
     step cost (`claimed_bound`), as the choice of M reads every result it tries; a kernel that does not
     certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as feasible.  `witness`
     (a certifying plugin's: orchmllm's auto) cross-examines a claimed bound (`_cross_examine`)."""
@@ -308,7 +307,6 @@ def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = T
         result = result._replace(rank=read_only(cells[0]), microbatch=read_only(cells[1]))
         loads = None
         if not built_in:
-            require_timed(result.status, problem, algorithm)
             loads = within_budget(problem, result, num_microbatches, algorithm)[0]
         if result.lower_bound is not None:
             if loads is None:
