@@ -7,13 +7,18 @@ for its cost, so that a plan made to be costed (a search, a benchmark) never bui
         route: np.ndarray = Built("_routes")      # Plan(inputs) builds it on the first `plan.route`
         def _routes(self) -> dict: ...            # every Built field of the class, by name
 
-A value given at construction (`Plan(inputs, route=...)`, `dataclasses.replace`) is kept; the builder fills the
-others, all at once.  It reads only the instance's own frozen fields, so a field reads the same whenever it is
-built, and a plan pickles and copies with whatever it has built so far.  `build(plan)` builds them all now (where
-the plan is made, when another thread or a later moment reads them).
+A value given at construction (`Plan(inputs, route=...)`; `dataclasses.replace` reads, so builds, every field and
+passes them on) is kept; the builder fills the others, all at once, under one lock (two threads' first reads build
+once).  It reads only the instance's own frozen fields (and a stage plan's `_batch`, which the planner sets), so a
+field reads the same whenever it is built, and a plan pickles and copies with whatever it has built so far.
+`build(plan)` builds them all now (where the plan is made, when another thread or a later moment reads them).
 """
 
 from __future__ import annotations
+
+import threading
+
+_LOCK = threading.RLock()  # re-entrant: a pass's routes read its stage plans' layouts
 
 
 class _Unset:
@@ -42,8 +47,10 @@ class Built:
             return UNSET
         values = instance.__dict__
         if self.name not in values:
-            for name, value in getattr(instance, self.builder)().items():
-                values.setdefault(name, value)
+            with _LOCK:
+                if self.name not in values:  # built by another thread while this one waited
+                    for name, value in getattr(instance, self.builder)().items():
+                        values.setdefault(name, value)
         return values[self.name]
 
     def __set__(self, instance, value) -> None:
@@ -52,7 +59,8 @@ class Built:
 
 
 def build(instance) -> None:
-    """Build every `Built` field of `instance` that is not built yet (each builder runs once)."""
-    for name, field in vars(type(instance)).items():
-        if isinstance(field, Built):
-            getattr(instance, name)
+    """Build every `Built` field of `instance` (its class's and its bases') that is not built yet."""
+    for cls in type(instance).__mro__:
+        for name, field in vars(cls).items():
+            if isinstance(field, Built):
+                getattr(instance, name)

@@ -117,7 +117,7 @@ class StagePlan:
             return dict(split=None, **_rank_layout(self.destination, batch.num_ranks, batch.sample_text,
                                                    self.item_tokens))
         split = split_layout(batch, self.destination, self.degree, self._laid)
-        vars(self).pop("_laid")  # what `split` keeps of it lives on there
+        vars(self).pop("_laid", None)  # what `split` keeps of it lives on there
         shards = split[0]
         first = shards.group_rank == 0
         item_offset, item_input_offset = np.empty_like(self.item_length), np.empty_like(self.item_length)

@@ -214,7 +214,9 @@ class Orchestrator:
 
     def plan(self, batch: Batch) -> StepPlan:
         """The StepPlan of `batch`: every stage balanced, encoder outputs routed to their LLM rank, in
-        one pass, or with `max_tokens_per_microbatch` in the micro-batches of its cells."""
+        one pass, or with `max_tokens_per_microbatch` in the micro-batches of its cells.  The step is costed
+        without its routes and rank layouts, built on their first read (`StepPlan.built()` builds them now), and
+        its `planning_seconds` does not count them."""
         batch = checked(batch)
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
         known = {stage.modality for stage in self.stages}

@@ -431,14 +431,3 @@ def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
         return np.searchsorted(starts, keys, side=side)
     first = np.searchsorted(keys, starts, side="left" if side == "right" else "right")  # the first key each counts for
     return np.repeat(np.arange(starts.size + 1), np.diff(first, prepend=0, append=keys.size))
-
-    sample, position = owner[split], batch.segment_position[split if every else segments[split]]
-    chunks = 2 * degree[sample]
-    quotient, remainder = np.divmod(batch.sample_llm_length[sample], chunks)
-    longer = remainder * (quotient + 1)  # the rows of the longer chunks
-    chunk = np.where(quotient > 0, remainder + (position - longer) // np.maximum(quotient, 1), chunks - 1)
-    np.minimum(chunk, chunks - 1, out=chunk)
-    inside = position < longer
-    chunk[inside] = position[inside] // (quotient[inside] + 1)
-    ranks[split] += np.where(2 * chunk < chunks, chunk, chunks - 1 - chunk)
-    return ranks

@@ -239,7 +239,7 @@ class StepPlan:
     microbatches: tuple[PassPlan, ...]
     microbatch_samples: tuple[np.ndarray, ...]
     cells: MicroBatchPlan | None = None
-    planning_seconds: float = 0.0
+    planning_seconds: float = 0.0  # `Orchestrator.plan`'s, without the routes and layouts `built()` builds
     pipeline: PipelineStep | None = None
 
     @property

@@ -103,3 +103,27 @@ def test_built_builds_every_route_and_layout_now():
                 assert set(LAYOUT) <= set(vars(stage_plan))
                 for name in LAYOUT:
                     assert np.array_equal(getattr(stage_plan, name), getattr(other_stage, name)), name
+
+
+def test_regression_two_threads_first_reading_a_split_layout_raised_key_error():
+    """Cause (probe57 Z1, rev56 R1): both threads ran the LLM layout's builder, and the second's pop of the chunks
+    it had laid (`_laid`) raised KeyError; now one builds under the lazy lock and the other reads its values."""
+    import threading
+
+    step = _steps()[0]
+    for plan in step.microbatches:
+        barrier, read = threading.Barrier(2), []
+
+        def first_read(plan=plan, barrier=barrier, read=read):
+            barrier.wait()
+            try:
+                read.append(plan.llm.rank_offsets)
+            except Exception as error:  # noqa: BLE001 (the regression: KeyError('_laid'))
+                read.append(error)
+
+        threads = [threading.Thread(target=first_read) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert read[0] is read[1], read  # one build, read by both
