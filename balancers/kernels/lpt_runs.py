@@ -87,7 +87,8 @@ def _slots(relative: np.ndarray, level: float, cost: float, count: int, limits: 
     """How many slots each rank offers: those below the water `level`, at most its limit; where limits leave fewer
     than `count`, the level over the ranks below their limits, again (each time one rank more at its limit)."""
     for _ in range(_LEVELS):
-        slots = np.minimum(np.ceil(np.maximum(level - relative, 0.0) / cost), count)
+        with np.errstate(over="ignore"):  # a tiny cost's quotient overflows to inf, then capped at count (probe57 L1)
+            slots = np.minimum(np.ceil(np.maximum(level - relative, 0.0) / cost), count)
         if limits is None:
             return slots.astype(np.int64)
         slots = np.minimum(slots, limits).astype(np.int64)
