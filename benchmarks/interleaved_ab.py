@@ -37,9 +37,14 @@ def _load(name: str) -> dict:
 
 
 def built(step):
-    """The step with its routes and layouts built: `StepPlan.built()`, or the step itself for a checkout before
-    a63fb56, whose `Orchestrator.plan` built them."""
-    return step.built() if hasattr(step, "built") else step
+    """The step with its routes and layouts built: `StepPlan.built()`, or in a checkout without it each read once
+    (free before a63fb56, whose `Orchestrator.plan` built them; a build in a63fb56 and 53e573d)."""
+    if hasattr(step, "built"):
+        return step.built()
+    for plan in step.microbatches:
+        for part in (plan, *plan.stage_plans):
+            getattr(part, "route_row" if part is plan else "rank_offsets")
+    return step
 
 
 def main(argv=None) -> int:

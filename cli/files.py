@@ -157,8 +157,7 @@ def _pick_column(header: list[str], column: str | None, path: Path) -> int:
 
 def _text(path: Path) -> str:
     """The file's text; UsageError naming the line of its first NUL character, which no text of lengths holds:
-    UTF-16 text without a byte-order mark (every other byte NUL, read as letters between NULs: fix56) or a binary
-    file."""
+    UTF-16 text without a byte-order mark (every other byte NUL, read as letters between NULs) or a binary file."""
     text = path.read_text(encoding=TEXT_ENCODING)
     if (first := text.find("\0")) >= 0:
         line = text.count("\n", 0, first) + 1

@@ -460,11 +460,11 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     where autograd records): the floating outputs require grad also where no input does, so that this
     rank's backward runs the reverse exchange its peers' gradients need, whatever each rank's inputs'
     `requires_grad` (a rank of no items passing fresh zeros beside peers' encoder outputs recorded
-    none, and its peers waited in its backward: probe55); its cost, where no input on any rank
+    none, and its peers waited in its backward); its cost, where no input on any rank
     requires grad, is the reverse exchange in a backward through the outputs.  `record=False` records
     a node only where an input requires grad: for callers whose inputs agree on `requires_grad` on
     every rank (the multi-stage runtime's encoder outputs: frozen encoders then pay no reverse
-    exchange); a rank that disagrees leaves its peers waiting (rev55 N5: the default was False).
+    exchange); a rank that disagrees leaves its peers waiting.
     """
     if transport is None:
         transport = FlatAllToAll()

@@ -158,7 +158,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     A global count of 0 (no loss token on any rank: a step whose targets are all masked) divides by 1,
     not 0: a loss summed over no token is 0, and so are its gradients, never NaN; a `loss_sum` that is
     not 0 there (an auxiliary term added to the token sum) comes back as it is.  This is chosen over an
-    error, which such a step would raise in the middle of a training run (fix56, probe55 N5).
+    error, which such a step would raise in the middle of a training run.
 
     In a micro-batched step pass the `MicroBatch` as `num_loss_tokens`: its loss is divided
     by the loss tokens of the whole step, known from the gathered metadata, with no

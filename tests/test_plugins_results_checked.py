@@ -6,7 +6,8 @@ went unread, and a micro-batch kernel's cells over the budget were re-dealt into
 import numpy as np
 import pytest
 
-from orchmllm import balance, balance_microbatches, register_algorithm, register_microbatch_algorithm
+from orchmllm import (ContextParallel, Pipeline, balance, balance_microbatches, register_algorithm,
+                      register_microbatch_algorithm)
 from orchmllm.balancers import registry
 from orchmllm.balancers.microbatch.plan import MicroBatchResult
 from orchmllm.balancers.problem import KernelResult
@@ -57,17 +58,22 @@ def registered():
 BEYOND = r"algorithm '{}' returned a lower_bound of magnitude about 2\*\*1329 \(int\), beyond float64"
 
 
+SPLIT = ContextParallel(degrees=(1, 2), seconds_per_cost=1e-12)  # a unit of cost in FLOPs: the split pays
+
+
 @pytest.mark.parametrize("name", ["probe56_huge_bound", "probe56_huge_negative_bound", "probe56_huge_bound_exact"])
 @pytest.mark.parametrize("options", [{}, dict(sources=SOURCES), dict(groups=[0, 0, 1, 2, 3, 4]),
-                                     dict(max_tokens_per_rank=12)], ids=["plain", "sources", "groups", "cap"])
+                                     dict(max_tokens_per_rank=12), dict(context_parallel=SPLIT)],
+                         ids=["plain", "sources", "groups", "cap", "context-parallel"])
 def test_a_balancing_bound_beyond_float64_names_the_kernel(name, options):
     with pytest.raises(RuntimeError, match=BEYOND.format(name)):
         balance(LENGTHS, 2, algorithm=name, **options)
 
 
 @pytest.mark.parametrize("options", [dict(num_microbatches=3), {}, dict(sources=SOURCES, num_microbatches=3),
-                                     dict(microbatch_overhead=2.5, num_microbatches=3)],
-                         ids=["fixed-m", "free-m", "sources", "overhead"])
+                                     dict(microbatch_overhead=2.5, num_microbatches=3),
+                                     dict(pipeline=Pipeline(stages=2, schedule="1f1b"), num_microbatches=4)],
+                         ids=["fixed-m", "free-m", "sources", "overhead", "pipeline"])
 def test_a_microbatch_bound_beyond_float64_names_the_kernel(options):
     with pytest.raises(RuntimeError, match=BEYOND.format("probe56_mb_huge_bound")):
         balance_microbatches(LENGTHS, 2, max_tokens_per_microbatch=8, algorithm="probe56_mb_huge_bound", **options)

@@ -4,7 +4,7 @@ above 2**32 tokens, naming the argument and the limit, before any allocation."""
 
 import pytest
 
-from orchmllm.runtime.context_parallel import MAX_TOKENS, ContextParallelLayout, SplitItem
+from orchmllm.runtime.context_parallel import ContextParallelLayout, SplitItem
 
 LIMIT = r"must be at most 2\*\*32 tokens \(its positions are made whole, 8 bytes a token"
 
@@ -20,7 +20,7 @@ def test_regression_an_unsplit_sequence_of_2_to_the_40_tokens_raised_memory_erro
 
 
 def test_the_limit_itself_is_a_length():
-    split = SplitItem(item=0, length=MAX_TOKENS, group=(0, 1))
+    split = SplitItem(item=0, length=2**32, group=(0, 1))  # the limit (a literal: the control runs on the parent)
     assert split.length == 2**32
     layout = ContextParallelLayout.planned(0, 1, [3], [])
     assert layout.positions().tolist() == [0, 1, 2]
