@@ -24,6 +24,7 @@ made by hand and kept while peers make new ones with no epoch between; a multi-s
 
 from __future__ import annotations
 
+import weakref
 import zlib
 
 import torch
@@ -32,7 +33,8 @@ from .comm import group_rank
 
 __all__ = ["ContextParallelError", "agree_rows", "check_rows", "epoch", "note_epoch", "row_schema"]
 
-EPOCHS: dict = {}  # process group (None: the world) -> its layout epochs (`note_epoch`) in this process
+EPOCHS = weakref.WeakKeyDictionary()  # process group -> its layout epochs (`note_epoch`) here, not keeping it alive
+KEPT_EPOCHS: dict = {}  # the same for the world (None) and a group object that takes no weak reference
 
 
 class ContextParallelError(RuntimeError):
@@ -51,11 +53,22 @@ def row_schema(key: torch.Tensor, value: torch.Tensor) -> tuple[int, ...]:
 def note_epoch(group) -> None:
     """A new layout epoch of `group`: a collective after which its layouts are new (a `ContextParallelLayout.build`,
     a dispatcher's exchange), which every rank of the group counts alike."""
-    EPOCHS[group] = EPOCHS.get(group, 0) + 1
+    epochs = _epochs_of(group)
+    epochs[group] = epochs.get(group, 0) + 1
 
 
 def epoch(group) -> int:
-    return EPOCHS.get(group, 0)
+    """How many layout epochs `group` has begun in this process (`note_epoch`)."""
+    return _epochs_of(group).get(group, 0)
+
+
+def _epochs_of(group):
+    """The table that counts `group`'s epochs: EPOCHS, or KEPT_EPOCHS where `group` takes no weak reference."""
+    try:
+        weakref.ref(group)
+    except TypeError:  # None (the world)
+        return KEPT_EPOCHS
+    return EPOCHS
 
 
 def layout_digest(layout) -> int:
