@@ -172,7 +172,7 @@ class ContextParallelLayout:
     def build(cls, sequences, splits, *, group=None) -> "ContextParallelLayout":
         """Check this rank's `sequences` against `splits` (every split item of the micro-batch, the same on
         every rank), then agree on every rank of `group`: a collective, every rank calls it, in a split
-        group or not."""
+        group or not.  It begins a layout epoch of `group` (a layout is valid in its epoch only: `planned`)."""
         rank = group_rank(group)
         try:
             sequences, splits = _checked(rank, group_size(group), sequences, splits)
@@ -188,7 +188,9 @@ class ContextParallelLayout:
     def planned(cls, rank: int, world_size: int, sequences, splits, *, group=None) -> "ContextParallelLayout":
         """Rank `rank`'s layout (of `world_size` ranks of `group`) from a plan every rank already agreed on
         (the dispatcher's: the groups, degrees and chunks ride in the plan word its exchange checks on
-        every rank): checked here, no collective."""
+        every rank): checked here, no collective.  A layout is valid in its group's layout epoch when it was made:
+        reused within it (a recompute: activation checkpointing) it stays exact; kept past a `build` or a dispatcher's
+        exchange or micro-batch, it is refused (ContextParallelError), an equal layout from an earlier epoch too."""
         world_size = as_int(world_size, "world_size", minimum=1)  # (probe55: rank 3 of 2 and 0 ranks were taken)
         rank = as_index(rank, "rank", world_size, "world_size")
         sequences, splits = _checked(rank, world_size, sequences, splits)
