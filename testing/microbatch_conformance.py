@@ -127,8 +127,8 @@ def _seeded_cases(kinds, count: int, max_items: int, max_ranks: int, seed: int,
 @functools.lru_cache(maxsize=4096)
 def optimum_of(case: MicroBatchCase) -> MicroBatchOptimum | None:
     """The optimum at the case's M: brute force while (M · D)**n is small, else the exact kernel
-    where it proves it within ORACLE_WORK_SECONDS of work; None when neither knows it.  Cached, as
-    the suites of several kernels draw the same cases."""
+    where it proves it within ORACLE_WORK_SECONDS of work; None when neither knows it.  Cached for the
+    life of the process (up to 4096 cases), as the suites of several kernels draw the same cases."""
     n, cells = len(case.lengths), case.num_microbatches * case.num_ranks
     if cells**n <= BRUTE_FORCE_MAX_PLANS // 16:
         return brute_force_microbatches(case.lengths, case.num_ranks, case.max_tokens_per_microbatch,
