@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from hypothesis import HealthCheck, Phase, example, settings
 from hypothesis.errors import FlakyFailure
 
-from ..balancers import InfeasibleError
+from ..balancers import InfeasibleError, Status
 from ..balancers.validation import as_bool, as_int, as_real
 
 REPEAT_CALLS = 700
@@ -71,6 +71,12 @@ class SuiteTarget:
         self.kinds = declared if padded is None else [padded]
         self.exact = getattr(target, "exact", False) if exact is None else as_bool(exact, "exact")
         self.time_limit = time_limit
+
+    def proved_or_stopped(self, status: Status) -> bool:
+        """Whether an exact kernel's `status` is optimal, or `time_limit` under the suite's own `time_limit` (its
+        plan is certified against the optimum all the same; probe57 C1: the kernel was blamed for the suite's
+        limit)."""
+        return status is Status.OPTIMAL or status is Status.TIME_LIMIT and self.time_limit is not None
 
 
 def check_suite_arguments(max_items, max_ranks, examples, processes, time_limit) -> tuple:
