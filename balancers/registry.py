@@ -15,10 +15,9 @@ another algorithm.  Names are reserved from the start: the built-in algorithms' 
 entry point's (orchmllm's own, the peers', first), so `register_algorithm` cannot take a name
 that an entry point will bring; only the entry point's own module registers under it.
 
-Micro-batch kernels (`balance_microbatches`: a cell (rank, micro-batch) per item) have their
-own records, `MicroBatchAlgorithm`, added with `register_microbatch_algorithm` or by an
-entry point of the same group whose object is such a record; `MICROBATCH_ALGORITHMS` is
-their read-only view.
+Micro-batch kernels (`balance_microbatches`: a cell (rank, micro-batch) per item) have their own records,
+`MicroBatchAlgorithm`, added with `register_microbatch_algorithm` or by an entry point of the same group whose
+object is such a record; `MICROBATCH_ALGORITHMS` is their read-only view.
 
 `ALGORITHMS` is a read-only view name -> `Algorithm`; a record is called like its kernel:
 
@@ -33,6 +32,7 @@ their read-only view.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -47,6 +47,7 @@ from .validation import as_bool
 ENTRY_POINT_GROUP = "orchmllm.algorithms"
 DISTRIBUTION = "orchmllm"  # whose entry points (the peers') reserve their names before any other's
 BASELINE_LABEL = "none"  # the unbalanced baseline's name in `compare`: no algorithm may take it
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # ASCII ('ＬＰＴ' is not 'LPT'), at most 64 characters
 
 
 class Kind(str, Enum):
@@ -89,8 +90,8 @@ class Algorithm:
     its bound is refused above its own plan's cost or above a plan of orchmllm's 'auto' (`api.cross_examine`),
     and beyond that trusted (`check_conformance` tests it against the exact optimum on small instances).
     `default`: `orchmllm compare` runs it when no `--algorithms` are named.
-    `equal_counts`: the kernel run under `equal_counts=True` (floor / ceil(n / D) items per
-    rank); None when the algorithm refuses that constraint.
+    `equal_counts`: the kernel run under `equal_counts=True` (floor / ceil(n / D) items per rank); None when the
+    algorithm refuses that constraint.
     A kernel may be given as a "module:attr" string: it is imported the first time it is used.
     """
 
@@ -125,8 +126,8 @@ class MicroBatchAlgorithm:
     """What one micro-batch kernel is and does; called on a `MicroBatchProblem` and a count M of
     micro-batches, it runs its kernel (a cell per item, or None when it finds no packing).
 
-    `exact`: it proves its plans optimal for the M it is given (status `optimal`) within its
-    work budget; `balance_microbatches` chooses M around it.
+    `exact`: it proves its plans optimal for the M it is given (status `optimal`) within its work budget;
+    `balance_microbatches` chooses M around it.
 
     >>> record = MICROBATCH_ALGORITHMS["cells"]
     >>> record.kind.value, record.exact, record.solves(padded=True)
@@ -160,9 +161,9 @@ class MicroBatchAlgorithm:
 def _check_record(record, kernels: tuple[str, ...], signature: str, flags: tuple[str, ...]) -> None:
     """Validate a record's fields in place (flags become bools, `kind` a Kind)."""
     name = record.name
-    if not isinstance(name, str) or len(name) > 64 or not (name[:1] + name.replace("_", "").replace("-", "")).isalnum():
-        raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-', a letter or digit first "
-                         f"(the CLI reads '-x' as a flag), at most 64 characters; got {name!r:.80}")
+    if not (isinstance(name, str) and NAME.fullmatch(name)):
+        raise ValueError(f"`name` must be a non-empty str of ASCII letters, digits, '_' and '-', a letter or digit "
+                         f"first (the CLI reads '-x' as a flag), at most 64 characters; got {name!r:.80}")
     for field in kernels:
         kernel = vars(type(record))[field].unresolved(record)
         module, colon, attr = kernel.partition(":") if isinstance(kernel, str) else ("", "", "")
@@ -269,9 +270,8 @@ def register_algorithm(name: str, kernel: Kernel, *, padded: bool = True, unpadd
                        default: bool = False, equal_counts: Kernel | None = None) -> Algorithm:
     """Register `kernel` (Problem -> KernelResult) as algorithm `name` and return its record.
 
-    The kernel then runs in `balance()`, the orchestrator's stages, the runtime and
-    `orchmllm plan/compare --algorithm name`.  Registering the same record twice is a
-    no-op; another algorithm under a taken name is a ValueError.
+    The kernel runs in `balance()`, the orchestrator's stages, the runtime and `orchmllm plan/compare --algorithm
+    name`.  Registering the same record twice is a no-op; another algorithm under a taken name is a ValueError.
 
     >>> import numpy as np
     >>> from orchmllm.balancers import KernelResult, balance, require_within_cap

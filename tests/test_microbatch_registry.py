@@ -75,7 +75,7 @@ def test_a_kernel_over_the_budget_or_the_wrong_padding_is_caught():
 
 
 @pytest.mark.parametrize("arguments, error, message", [
-    (dict(name="has space"), ValueError, r"`name` must be a non-empty str of letters, digits"),
+    (dict(name="has space"), ValueError, r"`name` must be a non-empty str of ASCII letters, digits"),
     (dict(kernel="cells"), TypeError, r"`kernel` of algorithm 'ok' must be callable \(\(MicroBatchProblem, M\)"),
     (dict(padded=False, unpadded=False), ValueError, r"must solve padded or unpadded problems"),
     (dict(kind="theirs"), ValueError, r"`kind` must be one of"),

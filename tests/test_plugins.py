@@ -356,7 +356,7 @@ def test_a_kernel_that_ignores_the_cap_is_caught_by_make_plan():
 
 
 @pytest.mark.parametrize("arguments, error, message", [
-    (dict(name="has space"), ValueError, r"`name` must be a non-empty str of letters, digits"),
+    (dict(name="has space"), ValueError, r"`name` must be a non-empty str of ASCII letters, digits"),
     (dict(name=""), ValueError, r"`name` must be a non-empty str"),
     (dict(kernel=3), TypeError, r"`kernel` of algorithm 'ok' must be callable"),
     (dict(kernel="orchmllm.balancers.kernels.lpt.solve"), TypeError,

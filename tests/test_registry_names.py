@@ -15,10 +15,14 @@ def _all_on_rank_zero(problem):
     return KernelResult(np.zeros(problem.num_items, dtype=np.int64))
 
 
-@pytest.mark.parametrize("name", ["-x", "--json", "_private", "x" * 65, ""])
-def test_a_name_a_flag_or_too_long_is_refused(name):
-    with pytest.raises(ValueError, match=r"`name` must be a non-empty str of letters, digits, '_' and '-', a letter "
-                                         r"or digit first \(the CLI reads '-x' as a flag\), at most 64 characters"):
+@pytest.mark.parametrize("name", ["-x", "--json", "_private", "x" * 65, "", "\uff2c\uff30\uff34", "\u0662",
+                                  "stra\u00dfe"])
+def test_a_name_a_flag_too_long_or_not_ascii_is_refused(name):
+    """'ＬＰＴ' (fullwidth), '٢' (an Arabic-Indic digit), 'straße': isalnum took them (probe57 N1), look-alikes of
+    ASCII names in every listing."""
+    with pytest.raises(ValueError, match=r"`name` must be a non-empty str of ASCII letters, digits, '_' and '-', a "
+                                         r"letter or digit first \(the CLI reads '-x' as a flag\), at most 64 "
+                                         r"characters"):
         register_algorithm(name, _all_on_rank_zero)
 
 
