@@ -66,7 +66,10 @@ from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 __all__ = ["ContextParallelError", "ContextParallelLayout", "SplitItem", "context_parallel_attention"]
 
 
-MAX_TOKENS = 2**32  # a sequence's positions are made whole (8 bytes a token) on each rank of its group
+# ~1000x the longest sequences trained (10**6-10**7 tokens): it catches a wrong unit or an overflowed count before
+# the positions are allocated, not memory (a sequence's positions are made whole, 8 bytes a token, on each rank of
+# its group: 2**32 tokens are 32 GiB)
+MAX_TOKENS = 2**32
 
 
 def _as_length(value, name: str) -> int:
