@@ -66,10 +66,8 @@ from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 __all__ = ["ContextParallelError", "ContextParallelLayout", "SplitItem", "context_parallel_attention"]
 
 
-# ~1000x the longest sequences trained (10**6-10**7 tokens): it catches a wrong unit or an overflowed count before
-# the positions are allocated, not memory (a sequence's positions are made whole, 8 bytes a token, on each rank of
-# its group: 2**32 tokens are 32 GiB)
-MAX_TOKENS = 2**32
+# ~1000x the longest trained sequences: a wrong unit or an overflowed count, caught before positions are allocated
+MAX_TOKENS = 2**32  # not a memory bound: positions are made whole, 8 bytes a token (32 GiB here) on each group rank
 
 
 def _as_length(value, name: str) -> int:
