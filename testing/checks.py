@@ -173,6 +173,19 @@ def rounding_apart(value: float, reference: float, terms: int) -> bool:
     return abs(value - reference) > terms * 2.0**-52 * max(abs(value), abs(reference))
 
 
+def step_complaint(plan, step: float, optimum: float, num_microbatches: int) -> str | None:
+    """What is wrong (None: nothing) with a micro-batch plan's `step` cost, bound and status against the proven
+    `optimum` at its `num_microbatches` M: step >= optimum >= bound, equal when it claims optimality, up to the
+    float rounding of the cells' sums and of the step's (`rounding_apart`)."""
+    terms, bound = plan.num_items + 2 * num_microbatches, plan.lower_bound
+    if (step < optimum and rounding_apart(step, optimum, terms)) or (
+            bound > optimum and rounding_apart(bound, optimum, terms)):
+        return f"step cost {step} and bound {bound} do not bracket the optimum {optimum}"
+    if plan.status is Status.OPTIMAL and rounding_apart(step, optimum, terms):
+        return f"claims optimality at step cost {step} but the optimum at M = {num_microbatches} is {optimum}"
+    return None
+
+
 def _check_against_optimum(plan, optimum, makespan: float, bound: float) -> None:
     """makespan >= optimum >= bound, equal when the plan claims optimality (up to the float rounding of the
     loads' sums: `rounding_apart`)."""

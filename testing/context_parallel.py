@@ -33,7 +33,7 @@ from ..balancers.context_parallel.layout import shard_tokens
 from ..balancers.context_parallel.microbatch_plan import SplitMicroBatchPlan
 from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
-from .checks import _AUTO, check_plan_type, rounding_apart, wrong_status
+from .checks import _AUTO, check_plan_type, rounding_apart, step_complaint, wrong_status
 
 SPLIT_BRUTE_FORCE_MAX_PLANS = 2**17
 """Largest number of (block, degree) combinations `brute_force_split` enumerates."""
@@ -419,9 +419,6 @@ def check_split_microbatch_plan(plan: SplitMicroBatchPlan, lengths, num_ranks: i
         return
     if optimum.makespan is None:
         _fail(plan, f"brute_force_split_microbatches finds no plan within the budget at M = {m}, yet this one exists")
-    terms = n + 2 * m  # float rounding of the cells' sums and of the step's (`rounding_apart`)
-    if (step < optimum.makespan and rounding_apart(step, optimum.makespan, terms)) or (
-            plan.lower_bound > optimum.makespan and rounding_apart(plan.lower_bound, optimum.makespan, terms)):
-        _fail(plan, f"step cost {step} and bound {plan.lower_bound} do not bracket the optimum {optimum.makespan}")
-    if plan.status is Status.OPTIMAL and rounding_apart(step, optimum.makespan, terms):
-        _fail(plan, f"claims optimality at step cost {step} but the optimum at M = {m} is {optimum.makespan}")
+    complaint = step_complaint(plan, step, optimum.makespan, m)
+    if complaint:
+        _fail(plan, complaint)

@@ -20,7 +20,7 @@ from ..balancers import MicroBatchPlan, Status
 from ..balancers.pipeline.spec import simulated_exactly
 from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
-from .checks import check_plan_type, rounding_apart, wrong_status
+from .checks import check_plan_type, rounding_apart, step_complaint, wrong_status
 from .oracles import _all_plans, _item_costs, _per_rank
 from .pipeline import replica_step
 
@@ -216,9 +216,6 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
         raise ValueError(f"`optimum` is for {optimum.num_microbatches} micro-batches; the plan has {m}")
     if not optimum.feasible:
         _fail(plan, f"{optimum.method} finds no assignment within the budget at M = {m}, yet this plan exists")
-    terms = n + 2 * m  # float rounding of the cells' sums and of the step's (`rounding_apart`)
-    if (step < optimum.step_cost and rounding_apart(step, optimum.step_cost, terms)) or (
-            plan.lower_bound > optimum.step_cost and rounding_apart(plan.lower_bound, optimum.step_cost, terms)):
-        _fail(plan, f"step cost {step} and bound {plan.lower_bound} do not bracket the optimum {optimum.step_cost}")
-    if plan.status is Status.OPTIMAL and rounding_apart(step, optimum.step_cost, terms):
-        _fail(plan, f"claims optimality at step cost {step} but the optimum at M = {m} is {optimum.step_cost}")
+    complaint = step_complaint(plan, step, optimum.step_cost, m)
+    if complaint:
+        _fail(plan, complaint)
