@@ -308,14 +308,19 @@ class Pieces:
     chunk: np.ndarray
 
 
+def _distinct(column: np.ndarray) -> np.ndarray:
+    """`column`, or its one value where it is a `constant` (stride 0: read once)."""
+    return column[:1] if column.strides == (0,) else column
+
+
 def any_nonzero(column: np.ndarray) -> bool:
-    """Whether `column` holds a non-zero entry, read once where it is a `constant` (stride 0)."""
-    return bool(np.any(column[:1] if column.strides == (0,) else column))
+    """Whether `column` holds a non-zero entry."""
+    return bool(np.any(_distinct(column)))
 
 
 def any_split(degree: np.ndarray) -> bool:
-    """Whether a degree of `degree` exceeds 1, read once where it is a `constant` (stride 0: nothing split)."""
-    return bool(np.any((degree[:1] if degree.strides == (0,) else degree) > 1))
+    """Whether a degree of `degree` exceeds 1."""
+    return bool(np.any(_distinct(degree) > 1))
 
 
 def _parts(encoder_plans) -> tuple[np.ndarray, ...]:

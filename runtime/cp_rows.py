@@ -14,12 +14,12 @@ layout epoch of the group: what every rank of it counts alike (`note_epoch`): a 
 `ContextParallelLayout.build` or a dispatcher's exchange, or a micro-batch that a dispatcher's loop
 reaches (every rank yields every micro-batch of a step, in order).  Then an exchange swaps the header
 again at its next call, and the header's words carry a digest of the layout's epoch (when it was made)
-and split items.  A rank that
-kept an earlier micro-batch's layout while its peers built new ones swapped no header where they did (the
-payload then misread or aborted as above: fix56); now it does, and every rank of the pair raises naming
-the stale layout, another micro-batch's of the same dispatched step too (fix58).  A layout used again on every
-rank (a recompute) swaps alike and agrees.  Not caught: a layout reused within one epoch (a `planned` layout
-made by hand and kept while peers make new ones with no epoch between; a multi-stage pass's layout).
+and split items: a rank that kept an earlier micro-batch's layout (of an earlier step, or of the same
+dispatched step) while its peers built new ones swaps its header where they swap theirs, and every rank of
+the pair raises naming the stale layout, instead of misreading or aborting on the payload.  A layout used
+again on every rank (a recompute) swaps alike and agrees.  Not caught: a layout reused within one epoch (a
+`planned` layout made by hand and kept while peers make new ones with no epoch between; a multi-stage pass's
+layout).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class _CappedState:
         stop = position + ranks.size
         self.loads[ranks] += self.costs[position:stop]
         self.tokens[ranks] += self.lengths[position:stop]
-        self._reinsert(np.delete(self.ranked, taken), ranks)
+        self.ranked = merged_order(self.loads, np.delete(self.ranked, taken), ranks)
         return ranks
 
     def place_run(self, position: int, count: int) -> np.ndarray | None:
@@ -84,12 +84,8 @@ class _CappedState:
         moved = chosen[taken > 0]
         kept = np.ones(self.num_ranks, dtype=bool)
         kept[moved] = False
-        self._reinsert(self.ranked[kept[self.ranked]], moved)
+        self.ranked = merged_order(self.loads, self.ranked[kept[self.ranked]], moved)
         return ranks
-
-    def _reinsert(self, rest: np.ndarray, ranks: np.ndarray) -> None:
-        """`ranked` from `rest` (still in order) and `ranks` (loads changed) merged in by (load, rank)."""
-        self.ranked = merged_order(self.loads, rest, ranks)
 
 
 def _release_merge(eligible: np.ndarray, late: np.ndarray, release: np.ndarray, size: int) -> np.ndarray:
