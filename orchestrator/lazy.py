@@ -10,8 +10,10 @@ for its cost, so that a plan made to be costed (a search, a benchmark) never bui
 A value given at construction (`Plan(inputs, route=...)`; `dataclasses.replace` reads, so builds, every field and
 passes them on) is kept; the builder fills the others, all at once, under one lock (two threads' first reads build
 once).  It reads only the instance's own frozen fields (and a stage plan's `_batch`, which the planner sets), so a
-field reads the same whenever it is built, and a plan pickles and copies with whatever it has built so far.
-`build(plan)` builds them all now (where the plan is made, when another thread or a later moment reads them).
+field reads the same whenever it is built, and a plan pickles and copies with whatever it has built so far (a
+class with `Built` fields derives from `Lazy`, whose state is read under the lock: a copy taken while another thread
+builds waits for that build).  `build(plan)` builds them all now (where the plan is made, when another thread or a
+later moment reads them).
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ class Built:
     def __set__(self, instance, value) -> None:
         if value is not UNSET:
             instance.__dict__[self.name] = value
+
+
+class Lazy:
+    """The base of a class with `Built` fields: pickling and copying read its fields under the builders' lock, never
+    while another thread fills them (which would change the dict they iterate)."""
+
+    def __getstate__(self) -> dict:
+        with _LOCK:
+            return dict(self.__dict__)
 
 
 def build(instance) -> None:

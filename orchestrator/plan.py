@@ -45,7 +45,7 @@ import numpy as np
 
 from ..balancers.plan import relative_gap
 from ..balancers.validation import as_index, is_int
-from .lazy import Built
+from .lazy import Built, Lazy
 from .samples import Batch, constant, counting, every_segment, group_order
 from .shards import (LaidChunks, SampleChunks, ShardTable, TextPieces, _frozen, _rank_layout, any_nonzero, any_split,
                      lay_chunks, offsets_within_rank, split_layout, split_pieces)
@@ -62,7 +62,7 @@ def first_row_ranks(llm: StagePlan, segments: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class StagePlan:
+class StagePlan(Lazy):
     """One stage's items, where they run, and the quality of that balance.
 
     `loads[r]` is rank r's cost under the stage's cost model (padded or not), `tokens[r]`
@@ -208,7 +208,7 @@ class AssemblyRecipe:
 
 
 @dataclass(frozen=True, eq=False)
-class PassPlan:
+class PassPlan(Lazy):
     """Plans of all stages of one pass (a micro-batch, or a step of one) plus the composed
     encoder -> LLM route (see module doc).  `compose` builds the routes; `PassPlan(batch, stages, stage_plans)`
     composes them on the first read of a route column (`orchestrator.lazy`: the planner's passes, whose step is

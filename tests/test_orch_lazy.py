@@ -127,3 +127,33 @@ def test_regression_two_threads_first_reading_a_split_layout_raised_key_error():
         for thread in threads:
             thread.join()
         assert read[0] is read[1], read  # one build, read by both
+
+
+def test_regression_a_copy_taken_while_another_thread_builds_waits_for_that_build(monkeypatch):
+    """Cause (probe58 Z2): pickling or copying read a plan's `__dict__` while another thread's build filled it:
+    'dictionary changed size during iteration', 9 of 10 tries.  Now a copy reads it under the builders' lock: held
+    here inside a build, the pickle waits and carries the whole build (on the parent it took the unbuilt state)."""
+    import threading
+
+    plan = _steps()[0].microbatches[-1]
+    inside, release, copies = threading.Event(), threading.Event(), []
+    routes = PassPlan._routes
+
+    def slow_routes(self):
+        inside.set()
+        release.wait(30)
+        return routes(self)
+
+    monkeypatch.setattr(PassPlan, "_routes", slow_routes)
+    builder = threading.Thread(target=lambda: plan.route_row)
+    builder.start()
+    assert inside.wait(30)
+    copier = threading.Thread(target=lambda: copies.append(pickle.loads(pickle.dumps(plan))))
+    copier.start()
+    copier.join(0.5)
+    assert copier.is_alive()  # waiting for the build, not reading a dict that is being filled
+    release.set()
+    builder.join(30)
+    copier.join(30)
+    assert set(ROUTES) <= set(vars(copies[0]))
+    assert np.array_equal(copies[0].route_row, plan.route_row)
