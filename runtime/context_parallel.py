@@ -189,9 +189,9 @@ class ContextParallelLayout:
     def planned(cls, rank: int, world_size: int, sequences, splits, *, group=None) -> "ContextParallelLayout":
         """Rank `rank`'s layout (of `world_size` ranks of `group`) from a plan every rank already agreed on
         (the dispatcher's: the groups, degrees and chunks ride in the plan word its exchange checks on
-        every rank): checked here, no collective.  A layout is valid in its group's layout epoch when it was made:
-        reused within it (a recompute: activation checkpointing) it stays exact; kept past a `build` or a dispatcher's
-        exchange or micro-batch, it is refused (ContextParallelError), an equal layout from an earlier epoch too."""
+        every rank): no collective.  Valid in its group's layout epoch when made (a recompute within it stays exact):
+        kept on one rank past a `build` or a runtime's input exchange it is refused (an equal one too), past a
+        micro-batch a loop reached where its split items differ; with no epoch since, it is not caught (`cp_rows`)."""
         world_size = as_int(world_size, "world_size", minimum=1)  # (probe55: rank 3 of 2 and 0 ranks were taken)
         rank = as_index(rank, "rank", world_size, "world_size")
         sequences, splits = _checked(rank, world_size, sequences, splits)

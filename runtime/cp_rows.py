@@ -10,16 +10,22 @@ payload of every row schema an exchange sees, each peer pair swaps one header ro
 of them, which decides; every rank of a pair whose schemas differ raises `ContextParallelError` naming
 both.  A float64 row of a fixed size: it never aborts, whatever the schemas.  A schema agreed once is
 not swapped again (the layers of a model share theirs: one header round per micro-batch) until a new
-layout epoch of the group: what every rank of it counts alike (`note_epoch`): a collective,
-`ContextParallelLayout.build` or a dispatcher's exchange, or a micro-batch that a dispatcher's loop
-reaches (every rank yields every micro-batch of a step, in order).  Then an exchange swaps the header
-again at its next call, and the header's words carry a digest of the layout's epoch (when it was made)
-and split items: a rank that kept an earlier micro-batch's layout (of an earlier step, or of the same
-dispatched step) while its peers built new ones swaps its header where they swap theirs, and every rank of
-the pair raises naming the stale layout, instead of misreading or aborting on the payload.  A layout used
-again on every rank (a recompute) swaps alike and agrees.  Not caught: a layout reused within one epoch (a
-`planned` layout made by hand and kept while peers make new ones with no epoch between; a multi-stage pass's
-layout).
+layout epoch of the group (`note_epoch`, counted alike on every rank): a collective (`ContextParallelLayout.build`,
+a dispatcher's or multi-stage runtime's input exchange), or a micro-batch that a loop reaches (every rank yields
+every micro-batch of a step, in order).  Then an exchange swaps the header again at its next call, and the
+header's words carry a digest of the layout's split items and of its epoch (the collectives counted when it was
+made; the micro-batches reached are not, as a rank may list a step's micro-batches alone): a rank that kept an
+earlier micro-batch's layout (of an earlier step, or another micro-batch of the same step: other split items)
+while its peers made new ones swaps its header where they swap theirs, and every rank of the pair raises naming
+the stale layout, instead of misreading or aborting on the payload.  A layout used again on every rank (a
+recompute) swaps alike and agrees.
+
+Not caught, and not catchable without a header round at every call (one more point-to-point round per layer): a
+layout kept by one rank with no epoch since its last call while its peers make new ones (`planned` layouts made
+by hand, with no collective and no loop between): the stale rank has no reason to swap a header, so it sends its
+payload where its peers send their header, and each posts receives sized from its own layout (gloo aborts the
+process on sizes that differ).  Make every rank's layouts alike: after a collective, or in the loops of the
+dispatcher and the multi-stage runtime, which count the epochs.
 """
 
 from __future__ import annotations
@@ -50,16 +56,26 @@ def row_schema(key: torch.Tensor, value: torch.Tensor) -> tuple[int, ...]:
     return (code, *key.shape[1:], *value.shape[1:])
 
 
-def note_epoch(group) -> None:
+def note_epoch(group, collective: bool = True) -> None:
     """A new layout epoch of `group`: a collective after which its layouts are new (a `ContextParallelLayout.build`,
-    a dispatcher's exchange), which every rank of the group counts alike."""
-    epochs = _epochs_of(group)
-    epochs[group] = epochs.get(group, 0) + 1
+    a dispatcher's or multi-stage runtime's input exchange), which every rank of the group counts alike; or, where
+    not `collective`, a micro-batch that a loop reaches, after which an earlier layout's exchange swaps its header
+    again but which a layout made then does not carry (`epoch`): a rank that lists a step's micro-batches alone,
+    for logging, counts more of them than its peers."""
+    counts = _epochs_of(group)
+    made, reached = counts.get(group, (0, 0))
+    counts[group] = (made + bool(collective), reached + 1)
 
 
 def epoch(group) -> int:
-    """How many layout epochs `group` has begun in this process (`note_epoch`)."""
-    return _epochs_of(group).get(group, 0)
+    """The layout epoch of `group` in this process: how many collectives began one (`note_epoch`); a layout made
+    now carries it, and peers compare it at their first exchange."""
+    return _epochs_of(group).get(group, (0, 0))[0]
+
+
+def _events(group) -> int:
+    """How many epochs (of either kind) `group` has begun here: an exchange swaps its header again once it grows."""
+    return _epochs_of(group).get(group, (0, 0))[1]
 
 
 def _epochs_of(group):
@@ -79,8 +95,8 @@ def layout_digest(layout) -> int:
 
 def check_rows(key: torch.Tensor, value: torch.Tensor, exchange, layout, p2p) -> None:
     """Before an attention call's payload: swap the header with `exchange`'s peers where its row schema is new
-    to it, or the layout's group began an epoch since it last swapped (`exchange.schemas`: schema -> the epoch)."""
-    schema, now = row_schema(key, value), epoch(layout.group)
+    to it, or the layout's group began an epoch since it last swapped (`exchange.schemas`: schema -> `_events`)."""
+    schema, now = row_schema(key, value), _events(layout.group)
     if exchange.schemas.get(schema) != now:
         agree_rows(schema, exchange, layout.group, p2p, key.device, layout_digest(layout))
         exchange.schemas[schema] = now

@@ -45,7 +45,7 @@ class DispatchPlan:
     metadata: GatheredMetadata
     balance: BalancePlan | MicroBatchPlan | None
     route: ExchangeMeta
-    planning_seconds: float
+    planning_seconds: float  # `plan`'s wall time: the metadata all-gather, the balance plan and the route
     item_microbatch: np.ndarray
     num_microbatches: int
     sharding: StepSharding

@@ -393,7 +393,7 @@ class PostBalancingDispatcher:
         """Micro-batch `index`'s layout, as the loop reaches it: every rank of the group yields every micro-batch
         in order, so each begins a layout epoch alike (`cp_rows`), and a layout of another micro-batch of the step
         used in it swaps its header where its peers swap theirs (named on both ranks, never read as keys)."""
-        note_epoch(self.group)
+        note_epoch(self.group, collective=False)  # a rank that listed the step's micro-batches alone counts more
         return plan.sharding.layout(index, self.group)
 
     def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None, order=None,

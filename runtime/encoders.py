@@ -29,8 +29,11 @@ import weakref
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.autograd.function import BackwardCFunction
+
+from .comm import collective, group_rank, group_size
 
 
 class EncoderContractError(ValueError):
@@ -230,6 +233,30 @@ def contract_problem(what: str, rank: int, num_items: int, unused: list[str]) ->
         f"layers on the empty tensor instead of returning early); set requires_grad=False on parameters it never "
         f"uses, or pass check_encoders=False where unused parameters are harmless (gradients reduced by hand, DDP "
         f"with find_unused_parameters=True)")
+
+
+def unrecorded_problem(records: bool, outputs, modalities, group) -> EncoderContractError:
+    """The error every rank raises where the embedding exchange's header said that some ranks record its backward
+    and others do not (`records`: whether this rank does; `outputs`: its encoders' outputs, by modality): the
+    recording ranks would wait in their backward's reverse exchange until the collective timeout.  One all-gather,
+    on this error path only, names the ranks and the encoders whose outputs need no grad."""
+    needs = [m for m, output in zip(modalities, outputs) if output.requires_grad]
+    mine = (records, needs if torch.is_grad_enabled() else None)
+    shown = [None] * group_size(group)
+    with collective("encoder outputs' grad all-gather", group):
+        dist.all_gather_object(shown, mine, group=group)
+    recording = [rank for rank, (record, _) in enumerate(shown) if record]
+    needed = {m for record, needs in shown if record for m in needs or ()}
+    why = "; ".join(f"rank {rank}: " + ("grad mode is off (torch.no_grad or inference_mode)" if needs is None else
+                                         ", ".join(f"encoder {m!r}'s output needs no grad" for m in modalities
+                                                   if m in needed and m not in needs) or "no output needs grad")
+                    for rank, (record, needs) in enumerate(shown) if not record)
+    return EncoderContractError(
+        f"encoder outputs (seen from rank {group_rank(group)}): ranks {recording} record the embedding exchange's "
+        f"backward and ranks {sorted(set(range(len(shown))) - set(recording))} do not ({why}), so ranks {recording} "
+        f"would wait in their backward until the collective timeout; an encoder's output must need grad alike on "
+        f"every rank: reach every trainable parameter on every call (no `.detach()`, no output kept from another "
+        f"call, no torch.no_grad inside it), and every rank runs the pass in the same grad mode")
 
 
 def sharded_problem(what: str, function: Callable, error: RuntimeError) -> RuntimeError:

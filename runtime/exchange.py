@@ -464,7 +464,8 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     requires grad, is the reverse exchange in a backward through the outputs.  `record=False` records
     a node only where an input requires grad: for callers whose inputs agree on `requires_grad` on
     every rank (the multi-stage runtime's encoder outputs: frozen encoders then pay no reverse
-    exchange); a rank that disagrees leaves its peers waiting.
+    exchange); a rank that disagrees leaves its peers waiting (the runtime tells its `guard` whether it
+    records, `SchemaGuard.tell`, and every rank raises where the header says that they differ).
     """
     if transport is None:
         transport = FlatAllToAll()

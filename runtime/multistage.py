@@ -53,29 +53,22 @@ from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word, sites_word
 from .alltoall import runtime_transport
 from .comm import group_rank, group_size
-from .encoders import call_problem, checked_call, contract_problem, output_problem, sharded_problem, unseen_module
+from .cp_rows import note_epoch
+from .encoders import (call_problem, checked_call, contract_problem, output_problem, sharded_problem,
+                       unrecorded_problem, unseen_module)
 from .exchange import RAW_INPUTS_FIX, ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, loop_left, new_step
 from .pairing import split_rows
 from .prefetch import metadata_group_of
-from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
+from .routes import (Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem,
+                     plan_identity)
 from .sample_tables import SAMPLE_COLUMNS, SEGMENT_COLUMNS, sample_tables
 from .sharding import TextUnits, pass_layout
 from .steps import StepClock, contract_of, plan_runner
 
 _MAKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # routes -> the runtime that made them (`_runner`)
-
-
-def _identity(step: StepPlan) -> tuple:
-    """What tells a step's plan from another of the same gathered metadata: the cells and every stage's
-    destinations (routes follow from them), or with split items the whole digest (degrees, parts,
-    pieces).  The destinations hash in a fifth of the digest's time."""
-    if any(plan.splits for plan in step.microbatches):
-        return (step.digest(),)
-    cells = () if step.cells is None else (step.cells.rank, step.cells.microbatch)
-    return (*cells, *(plan.destination for micro in step.microbatches for plan in micro.stage_plans))
 
 
 class MultiStageRuntime:
@@ -96,9 +89,9 @@ class MultiStageRuntime:
             first call and on every call with empty input, where an early return would leave parameters out: their
             outputs' autograd graphs must reach every trainable parameter of the module (an `nn.Module`, its bound
             method, or either under functools.partial; other callables, such as a lambda calling the module, are
-            refused), else every rank raises `EncoderContractError`.  False where unused parameters are harmless
-            (gradients reduced by hand, DDP with find_unused_parameters); the embedding exchange then records its
-            backward on every rank (an early return's output, needing no grad, left peers waiting), frozen ones' too.
+            refused), else every rank raises `EncoderContractError`, as where outputs need grad on some ranks only
+            (the exchange's header says).  False where unused parameters are harmless (gradients reduced by hand,
+            DDP with find_unused_parameters): the embedding exchange then records its backward on every rank.
         orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing),
             max_tokens_per_microbatch=T (gradient accumulation: see `microbatches`).
     """
@@ -199,7 +192,7 @@ class MultiStageRuntime:
         if not plan_id:
             plan_id = plan_word(self.config_fingerprint, batch.sample_text, batch.sample_source, batch.segment_length,
                                 batch.segment_tokens)
-        plan_id = plan_word(plan_id, *_identity(step))
+        plan_id = plan_word(plan_id, *plan_identity(step))
         segment_source = batch.sample_source[batch.segment_sample]
         input_units = tuple(InputUnits.of_step(step, index) for index in range(len(self.stages) - 1))
         input_routes = tuple(ExchangeMeta(segment_source[units.segment], units.destination, rank, size, plan_id)
@@ -258,6 +251,7 @@ class MultiStageRuntime:
         problem = loop_left(ended) or (None if samples is None else self._samples_problem(routes, samples))
         self._clock.tell(self.guards["dispatch"])  # every rank's, in the fused exchange's header
         moved = self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
+        note_epoch(self.group)  # every rank's alike: a context-parallel layout kept from before it is named (`cp_rows`)
         self._clock.dispatched(self.guards["dispatch"], self.group, other=routes is not self._looped)
         return moved
 
@@ -406,8 +400,12 @@ class MultiStageRuntime:
         pieces = [Piece(route, tensor, step.route_tokens[entries], f"embeddings:{modality}")
                   for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
                                                               self.modalities)]
-        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=problem,
+        guard = self.guards["embeddings"]  # whether this rank records the exchange's backward rides in its header
+        guard.tell(torch.is_grad_enabled() and (not self.check_encoders or any(out.requires_grad for out in outputs)))
+        arrived = exchange_with_grad(pieces, self.transport, stats, guard=guard, problem=problem,
                                      record=not self.check_encoders)  # the checked contract: grads agree
+        if guard.facts and guard.facts[0] != guard.facts[1]:  # ranks that record it would wait for the others
+            raise unrecorded_problem(bool(guard.fact), outputs, self.modalities, self.group)
         return self._assemble(routes, text_embedded, arrived, moved)
 
     def _encode(self, routes: PassRoutes, moved: Dispatched, encoders, text_embedding, text_key):

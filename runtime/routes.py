@@ -61,7 +61,7 @@ class StepRoutes:
     input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over its `input_units`
     text_route: ExchangeMeta  # the step's text pieces to their LLM rank
     num_loss_tokens: int  # loss tokens of the whole step on every rank
-    planning_seconds: float
+    planning_seconds: float  # `plan`'s wall time: the metadata all-gathers and the step's plan (not these routes)
     text_units: TextUnits
     input_units: tuple[InputUnits, ...]  # one per encoder stage: its segments, or their frame parts
 
@@ -139,6 +139,16 @@ class Assembled:
                     raise ValueError(f"`values` is micro-batch {index}'s `micro.data.text[{key!r}]`, not this "
                                      f"micro-batch's: pass the key, `packed.scatter_text({key!r}, fill)`, which reads "
                                      f"the micro-batch's own")
+
+
+def plan_identity(step: StepPlan) -> tuple:
+    """What tells a step's plan from another of the same gathered metadata (the identity its routes carry): the
+    cells and every stage's destinations (routes follow from them), or with split items the whole digest (degrees,
+    parts, pieces).  The destinations hash in a fifth of the digest's time."""
+    if any(plan.splits for plan in step.microbatches):
+        return (step.digest(),)
+    cells = () if step.cells is None else (step.cells.rank, step.cells.microbatch)
+    return (*cells, *(plan.destination for micro in step.microbatches for plan in micro.stage_plans))
 
 
 def check_step(routes, text, per_sample, inputs) -> None:

@@ -34,6 +34,7 @@ from ..balancers.context_parallel.layout import chunk_sizes
 from ..balancers.problem import read_only
 from .agreement import fingerprint
 from .context_parallel import ContextParallelLayout, SplitItem
+from .cp_rows import note_epoch
 from .exchange import ExchangeMeta, home_ranks
 
 
@@ -260,7 +261,10 @@ class TextUnits:
 def pass_layout(plan, rank: int, size: int, samples, group=None) -> ContextParallelLayout:
     """Rank `rank`'s LLM layout in a multi-stage pass: its shard rows (unsplit samples' lengths, split
     samples' `SplitItem`s numbered by `samples`, the pass's samples in the step) and the pass's split
-    samples, from the agreed plan (no collective)."""
+    samples, from the agreed plan (no collective), as the runtime's loop reaches the pass: every rank yields
+    every pass in order, so each begins a layout epoch alike, and another pass's layout used in it swaps its
+    header where its peers swap theirs, named on both ranks (`cp_rows`)."""
+    note_epoch(group, collective=False)
     shards, llm, lengths = plan.shards, plan.llm, plan.batch.sample_llm_length
     samples = np.asarray(samples, dtype=np.int64)
     splits = {int(k): SplitItem(int(samples[k]), int(lengths[k]), tuple(int(r) for r in llm.item_ranks(k)))

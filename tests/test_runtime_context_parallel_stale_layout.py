@@ -12,9 +12,13 @@ still attends exactly."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from orchmllm.balancers import CostModel
 from orchmllm.balancers.context_parallel import ContextParallel
-from orchmllm.runtime import PostBalancingDispatcher
+from orchmllm.orchestrator.samples import Sample
+from orchmllm.orchestrator.stages import Stage
+from orchmllm.runtime import MultiStageRuntime, PostBalancingDispatcher
 from orchmllm.runtime.context_parallel import (ContextParallelError, ContextParallelLayout, SplitItem,
                                                context_parallel_attention)
 from orchmllm.runtime.launch import run_processes
@@ -57,11 +61,13 @@ def _used_again(rank, size):
     return errors
 
 
+SPEC = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0, kv_bytes_per_token=0,
+                       seconds_per_cost=1.0)
+
+
 def _dispatched(rank, size):
     """Two dispatched steps splitting item 0 over both ranks; rank 0 attends with the first step's layout again."""
-    spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
-                           kv_bytes_per_token=0, seconds_per_cost=1.0)
-    dispatcher = PostBalancingDispatcher(context_parallel=spec)
+    dispatcher = PostBalancingDispatcher(context_parallel=SPEC)
     micros = []
     for step in range(2):
         lengths = [(40, 3), (2, 5)][rank]
@@ -136,3 +142,72 @@ def test_regression_another_micro_batchs_layout_of_the_same_step_was_read_silent
 def test_a_dispatched_micro_batchs_layout_recomputed_in_the_next_attends_the_same():
     outcomes = run_processes(_within_step, 2, args=(False,), timeout_s=60, collective_timeout_s=15)
     assert [(o.ok, o.value) for o in outcomes] == [(True, True)] * 2, [o.error for o in outcomes]
+
+
+def _listed(rank, size):
+    """Two dispatched steps splitting item 0 over both ranks; in the first, rank 0 alone lists the micro-batches
+    (for logging) before its loop: what each attention call did."""
+    dispatcher, said = PostBalancingDispatcher(context_parallel=SPEC), []
+    for step in range(2):
+        x = torch.randn(43 if rank == 0 else 7, 1, 4, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(rank))
+        plan = dispatcher.plan([(40, 3), (2, 5)][rank])
+        moved = dispatcher.dispatch({"x": x}, plan)
+        if rank == 0 and step == 0:
+            list(dispatcher.microbatches(plan, moved))
+        for micro in dispatcher.microbatches(plan, moved):
+            try:
+                said.append(context_parallel_attention(*[micro.data["x"]] * 3, micro.layout).shape[0])
+            except ContextParallelError as error:
+                said.append(str(error))
+    return said
+
+
+def test_regression_a_rank_that_listed_its_micro_batches_alone_attends_at_the_next_step():
+    """fix60: every micro-batch a loop reached counted in the epoch a layout carries, so the next step's layouts of
+    a rank that had listed a step's micro-batches alone carried another epoch than its peers': a correct program
+    was refused as a stale layout on both ranks.  Only collectives count there now (the micro-batches reached still
+    make an earlier layout swap its header again)."""
+    outcomes = run_processes(_listed, 2, timeout_s=60, collective_timeout_s=15)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert [all(isinstance(said, int) for said in o.value) for o in outcomes] == [True, True], outcomes
+
+
+def _multistage(rank, size, stale):
+    """Two steps of a multi-stage runtime (text only) splitting both ranks' samples over both ranks.  `stale`: rank 0
+    attends in the second step with the first step's pass layout; else rank 0 lists the first step's micro-batches
+    before its loop (their layouts are made again there)."""
+    runtime = MultiStageRuntime((Stage("llm", "llm", CostModel(linear=1)),), context_parallel=SPEC)
+    embed, kept, said = nn.Embedding(16, 4).double(), [], []
+    for step in range(2):
+        length = 40 if rank == 0 else 3
+        routes = runtime.plan([Sample(text=length, segments=(), source=rank, id=rank)])
+        ids = torch.randint(0, 16, (length,), generator=torch.Generator().manual_seed(rank + step))
+        moved = runtime.dispatch(routes, text={"input_ids": ids})
+        if rank == 0 and step == 0 and not stale:
+            list(runtime.microbatches(routes, moved))
+        for micro in runtime.microbatches(routes, moved):
+            x = runtime.forward(micro.routes, micro.data, encoders={}, text_embedding=embed).embeddings[:, None, :]
+            kept.append(micro)
+            layout = kept[0].layout if stale and rank == 0 else micro.layout
+            try:
+                said.append(context_parallel_attention(x, x, x, layout).shape[0])
+            except ContextParallelError as error:
+                said.append(str(error))
+    return said
+
+
+@pytest.mark.filterwarnings("ignore:`context_parallel` sets latency_s")
+def test_regression_a_multistage_pass_layout_kept_for_the_next_step_is_named():
+    """fix60: the multi-stage runtime began no layout epoch, so a rank that kept the first step's pass layout sent its
+    payload where its peer sent a header: rank 0 attended to the header row as keys (no error), rank 1 aborted
+    (SIGABRT).  Its input exchange and every pass its loop reaches now begin one, as the dispatcher's do."""
+    outcomes = run_processes(_multistage, 2, args=(True,), timeout_s=60, collective_timeout_s=15)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert isinstance(o.value[0], int) and len(o.value) == 2, o.value
+        assert (f"context-parallel attention on rank {o.rank}: group peers rank {1 - o.rank} (split item 0 on group "
+                f"(0, 1), split item 1 on group (0, 1)) attend with {STALE}") in o.value[1], o.value
+    outcomes = run_processes(_multistage, 2, args=(False,), timeout_s=60, collective_timeout_s=15)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert [all(isinstance(said, int) for said in o.value) for o in outcomes] == [True, True], outcomes
