@@ -13,8 +13,8 @@ not swapped again (the layers of a model share theirs: one header round per micr
 layout epoch of the group (`note_epoch`, counted alike on every rank): a collective (`ContextParallelLayout.build`,
 a dispatcher's or multi-stage runtime's input exchange), or a micro-batch that a loop reaches (every rank yields
 every micro-batch of a step, in order).  Then an exchange swaps the header again at its next call, and the
-header's words carry a digest of the layout's split items and of its epoch (the collectives counted when it was
-made; the micro-batches reached are not, as a rank may list a step's micro-batches alone): a rank that kept an
+header's words carry the layout's epoch (the collectives counted when it was made; the micro-batches reached are
+not, as a rank may list a step's micro-batches alone) and a digest of its split items: a rank that kept an
 earlier micro-batch's layout (of an earlier step, or another micro-batch of the same step: other split items)
 while its peers made new ones swaps its header where they swap theirs, and every rank of the pair raises naming
 the stale layout, instead of misreading or aborting on the payload.  A layout used again on every rank (a
@@ -87,10 +87,9 @@ def _epochs_of(group):
     return EPOCHS
 
 
-def layout_digest(layout) -> int:
-    """A digest of a layout's epoch and split items (the same on every rank of a micro-batch), below 2**32."""
-    return zlib.crc32(repr([layout.epoch, *((split.item, split.length, split.group) for split in layout.splits)])
-                      .encode())
+def splits_digest(layout) -> int:
+    """A digest of a layout's split items (the same on every rank of a micro-batch), below 2**32."""
+    return zlib.crc32(repr([(split.item, split.length, split.group) for split in layout.splits]).encode())
 
 
 def check_rows(key: torch.Tensor, value: torch.Tensor, exchange, layout, p2p) -> None:
@@ -98,7 +97,7 @@ def check_rows(key: torch.Tensor, value: torch.Tensor, exchange, layout, p2p) ->
     to it, or the layout's group began an epoch since it last swapped (`exchange.schemas`: schema -> `_events`)."""
     schema, now = row_schema(key, value), _events(layout.group)
     if exchange.schemas.get(schema) != now:
-        agree_rows(schema, exchange, layout.group, p2p, key.device, layout_digest(layout))
+        agree_rows(schema, exchange, layout.group, p2p, key.device, splits_digest(layout), layout.epoch)
         exchange.schemas[schema] = now
 
 
@@ -108,12 +107,13 @@ def _shown(words: list[int]) -> str:
     return f"{str(dtype).removeprefix('torch.')} keys {tuple(key)}, values {tuple(value)} (heads, dim)"
 
 
-def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device, splits: int = 0) -> None:
-    """Swap `schema`'s header row (and `splits`, the layout's `layout_digest`) with every peer of `exchange`
-    through `p2p` (the call's point-to-point exchange), on `device` (the payload rows': NCCL moves no CPU
-    tensor); ContextParallelError naming the peers whose rows or split items differ, on both ranks of each
-    pair.  One host read for all peers' digests."""
-    words = torch.tensor((*schema, splits), dtype=torch.float64)
+def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device, splits: int = 0,
+               made: int = 0) -> None:
+    """Swap `schema`'s header row (with the layout's epoch, `made`, and `splits`, its `splits_digest`) with every
+    peer of `exchange` through `p2p` (the call's point-to-point exchange), on `device` (the payload rows': NCCL
+    moves no CPU tensor); ContextParallelError naming the peers whose rows, epoch or split items differ, on both
+    ranks of each pair.  One host read for all peers' digests."""
+    words = torch.tensor((*schema, made, splits), dtype=torch.float64)
     digest = float(zlib.crc32(words.numpy().tobytes()))  # below 2**32: exact in float64
     header = torch.cat([words, torch.tensor([digest], dtype=torch.float64)])[None, :].to(device)
     peers = sorted(exchange.send_rows)
@@ -122,14 +122,16 @@ def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.devi
     p2p(sends, recvs, exchange, group, "forward")
     rows = torch.cat([recvs[peer] for peer in peers]).cpu().tolist() if peers else []
     differ = [(peer, row) for peer, row in zip(peers, rows) if row[-1] != digest]
-    if stale := [peer for peer, row in differ if [int(w) for w in row[:-2]] == list(schema)]:
-        raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers "
-                                   f"{', '.join(f'rank {peer} ({exchange.peer_items[peer]})' for peer in stale)} "
-                                   f"attend with a layout of another micro-batch (other split items, or made "
-                                   f"before or after this rank's); a layout kept from an earlier micro-batch on "
-                                   f"some rank? every rank must attend with this micro-batch's layout")
+    if stale := [(peer, int(row[-3])) for peer, row in differ if [int(w) for w in row[:-3]] == list(schema)]:
+        when = ("other split items, made in the same layout epoch" if all(there == made for _, there in stale) else
+                f"this rank's was made in layout epoch {made}: a `build` or an input exchange came between")
+        shown = ", ".join(f"rank {peer} ({exchange.peer_items[peer]}; layout epoch {there})" for peer, there in stale)
+        raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers {shown} "
+                                   f"attend with a layout of another micro-batch ({when}); a layout kept from an "
+                                   f"earlier micro-batch on some rank? every rank must attend with this micro-batch's "
+                                   f"layout")
     if differ:
-        theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown([int(w) for w in row[:-2]])}"
+        theirs = "; ".join(f"rank {peer} ({exchange.peer_items[peer]}): {_shown([int(w) for w in row[:-3]])}"
                            for peer, row in differ)
         raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)}: group peers pass keys "
                                    f"and values of another dtype or shape (here {_shown(list(schema))}; {theirs}); "

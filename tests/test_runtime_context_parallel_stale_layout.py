@@ -9,6 +9,8 @@ digest of the layout's epoch and split items: every rank of the pair raises Cont
 layout.  A layout used again on every rank (activation checkpointing's recompute after the next micro-batch's build)
 still attends exactly."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,8 +41,10 @@ def _error(layout, seed):
     return float((out - expected.transpose(0, 1)[positions]).abs().max())
 
 
-STALE = ("a layout of another micro-batch (other split items, or made before or after this rank's); a layout kept "
-         "from an earlier micro-batch on some rank? every rank must attend with this micro-batch's layout")
+STALE = ("attend with a layout of another micro-batch ({}); a layout kept from an earlier micro-batch on some rank? "
+         "every rank must attend with this micro-batch's layout")
+OTHER_EPOCH = r"this rank's was made in layout epoch \d+: a `build` or an input exchange came between"
+SAME_EPOCH = re.escape("other split items, made in the same layout epoch")
 
 
 def _stale(rank, size, length):
@@ -108,13 +112,19 @@ def _within_step(rank, size, stale):
     return "attended" if stale else torch.equal(outputs[0], outputs[2])
 
 
-def _named_stale(outcomes, items=(0, 0)):
+def _named(said: str, rank: int, items: str, when: str) -> bool:
+    """Whether `said` is rank `rank`'s refusal of its peer's layout: the peer's split items (`items`), the epoch its
+    layout was made in, and `when` (a pattern: OTHER_EPOCH or SAME_EPOCH)."""
+    peer = re.escape(f"context-parallel attention on rank {rank}: group peers rank {1 - rank} ({items}; layout epoch ")
+    return re.fullmatch(peer + r"\d+\) " + re.escape(STALE).replace(re.escape("{}"), when), said) is not None
+
+
+def _named_stale(outcomes, items=(0, 0), when=OTHER_EPOCH):
     """Each rank names its peer, with the split item of the peer's exchange it attends with (`items`, by rank)."""
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         assert isinstance(o.value, str), (o.rank, o.value)  # rank 0 attended to its peer's header row before
-        assert (f"context-parallel attention on rank {o.rank}: group peers rank {1 - o.rank} (split item "
-                f"{items[o.rank]} on group (0, 1)) attend with {STALE}") in o.value, o.value
+        assert _named(o.value, o.rank, f"split item {items[o.rank]} on group (0, 1)", when), o.value
 
 
 @pytest.mark.parametrize("length", [12, 8], ids=["other split items", "the same split items"])
@@ -136,7 +146,8 @@ def test_regression_another_micro_batchs_layout_of_the_same_step_was_read_silent
     """fix58: micro-batches of one dispatched step shared a layout epoch, so a rank attending with another
     micro-batch's layout swapped no header where its peer did (rank 0 attended, rank 1 aborted: SIGABRT).  Each
     micro-batch the loop reaches begins an epoch on every rank alike."""
-    _named_stale(run_processes(_within_step, 2, args=(True,), timeout_s=60, collective_timeout_s=15), items=(0, 1))
+    _named_stale(run_processes(_within_step, 2, args=(True,), timeout_s=60, collective_timeout_s=15), items=(0, 1),
+                 when=SAME_EPOCH)
 
 
 def test_a_dispatched_micro_batchs_layout_recomputed_in_the_next_attends_the_same():
@@ -206,8 +217,8 @@ def test_regression_a_multistage_pass_layout_kept_for_the_next_step_is_named():
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         assert isinstance(o.value[0], int) and len(o.value) == 2, o.value
-        assert (f"context-parallel attention on rank {o.rank}: group peers rank {1 - o.rank} (split item 0 on group "
-                f"(0, 1), split item 1 on group (0, 1)) attend with {STALE}") in o.value[1], o.value
+        assert _named(o.value[1], o.rank, "split item 0 on group (0, 1), split item 1 on group (0, 1)",
+                      OTHER_EPOCH), o.value
     outcomes = run_processes(_multistage, 2, args=(False,), timeout_s=60, collective_timeout_s=15)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     assert [all(isinstance(said, int) for said in o.value) for o in outcomes] == [True, True], outcomes
