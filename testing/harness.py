@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 from hypothesis import HealthCheck, Phase, example, settings
@@ -30,6 +31,13 @@ REPEAT_CASES = 10
 
 PROCESS_CASES = 8
 """Seeded inputs whose plans are compared across processes."""
+
+STOPPED_SHARE = 0.5
+"""An exact kernel's `time_limit` status counts as a stop at the suite's limit where its call ran at least this share
+of the limit (wall clock, as the exact kernels' deadlines are), or where the registry's exact solver does not prove
+the case within the same limit either (a kernel whose budget is work, not seconds, may stop sooner on a fast
+machine).  probe58 C2: any `time_limit` status passed, so a kernel declared exact that returned LPT's plan "stopped"
+after 1 ms of a 30 s limit conformed."""
 
 
 class ConformanceError(AssertionError):
@@ -71,12 +79,33 @@ class SuiteTarget:
         self.kinds = declared if padded is None else [padded]
         self.exact = getattr(target, "exact", False) if exact is None else as_bool(exact, "exact")
         self.time_limit = time_limit
+        self.seconds = 0.0
 
-    def proved_or_stopped(self, status: Status) -> bool:
-        """Whether an exact kernel's `status` is optimal, or `time_limit` under the suite's own `time_limit` (its
-        plan is certified against the optimum all the same; probe57 C1: the kernel was blamed for the suite's
-        limit)."""
-        return status is Status.OPTIMAL or status is Status.TIME_LIMIT and self.time_limit is not None
+    def timed(self, call, *args):
+        """`call(*args)`, its wall time kept in `seconds`: certify a plan right after the call that made it."""
+        started = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self.seconds = time.perf_counter() - started
+
+    def provable(self, case) -> bool:
+        """Whether the registry's exact solver proves `case` within the suite's `time_limit` (each suite's own)."""
+        raise NotImplementedError
+
+    def unproved(self, status: Status, case) -> str | None:
+        """None where an exact kernel's `status`, of its last call on `case`, is optimal, or `time_limit` from a real
+        stop at the suite's own `time_limit` (`STOPPED_SHARE`; probe57 C1: the kernel was blamed for the suite's
+        limit); else what it returned, for the ConformanceError."""
+        if status is Status.OPTIMAL:
+            return None
+        if status is not Status.TIME_LIMIT or self.time_limit is None:
+            return f"returned status {status}"
+        if self.seconds >= STOPPED_SHARE * self.time_limit or not self.provable(case):
+            return None
+        return (f"returned status time_limit after {self.seconds:.3g} s of its time_limit={self.time_limit} s (a "
+                f"stop at the limit runs for at least {STOPPED_SHARE:g} of it, and the exact solver proves this case "
+                f"within the limit)")
 
 
 def check_suite_arguments(max_items, max_ranks, examples, processes, time_limit) -> tuple:
