@@ -31,6 +31,34 @@ def wrong_status(status) -> str | None:
     return f"status {status!r} must be a Status (orchmllm.balancers.Status); got {type(status).__name__}"
 
 
+def items_of(plan) -> int:
+    """`plan.num_items`, or where the plan's per-item array (`assignment`, or `rank`) is no array the length of what
+    it holds: a message about a malformed plan must not fail on it."""
+    values = plan.assignment if isinstance(plan, BalancePlan) else plan.rank
+    if isinstance(values, np.ndarray):
+        return int(values.size)
+    return len(values) if hasattr(values, "__len__") else 1
+
+
+def wrong_field(plan, name: str, n: int, dtype=np.int64) -> str | None:
+    """Why the plan's per-item array `name` is not an (n,) numpy array of `dtype`, or None (probe58 U1: a list passed
+    numpy's reading of it, though `plan.rank == r` of a list is one bool, and a list `degree` raised numpy's error)."""
+    values = getattr(plan, name)
+    if not isinstance(values, np.ndarray):
+        return f"`{name}` is a {type(values).__name__}; expected a ({n},) {np.dtype(dtype)} array"
+    if values.shape != (n,) or values.dtype != dtype:
+        return f"`{name}` has shape {values.shape} and dtype {values.dtype}; expected ({n},) {np.dtype(dtype)}"
+    return None
+
+
+def check_optimum_type(optimum, expected: type, oracle: str) -> None:
+    """TypeError unless `optimum` is None, the default or an `expected` (what `oracle` returns): probe58 U1, an int
+    was an AttributeError."""
+    if optimum is not None and optimum is not _AUTO and not isinstance(optimum, expected):
+        raise TypeError(f"`optimum` must be of type {expected.__name__} (what {oracle} returns) or None; got "
+                        f"{type(optimum).__name__}")
+
+
 def check_plan_type(plan, expected: type) -> None:
     """TypeError unless `plan` is an `expected` plan (one of `_CHECK_OF`'s kinds), naming the check that takes the
     plan it is.
@@ -52,7 +80,7 @@ def check_plan_type(plan, expected: type) -> None:
 
 
 def _fail(plan: BalancePlan, message: str) -> None:
-    raise AssertionError(f"plan of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks): {message}")
+    raise AssertionError(f"plan of {plan.algorithm!r} ({items_of(plan)} items, {plan.num_ranks} ranks): {message}")
 
 
 def _oracle(lengths, num_ranks, cost, padded, cap, costs, equal_counts, groups) -> Optimum | None:
@@ -92,12 +120,13 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     num_ranks = as_num_ranks(num_ranks)
     cost = CostModel() if cost is None and costs is None else cost  # explicit costs: the plan has no model
     n = lengths.size
-    assignment = np.asarray(plan.assignment)
+    check_optimum_type(optimum, Optimum, "brute_force or exact")
+    assignment = plan.assignment
     if plan.num_ranks != num_ranks or plan.padded != padded or plan.cost != cost:
         _fail(plan, f"was made for {plan.num_ranks} ranks, padded={plan.padded}, cost={plan.cost}; "
                     f"expected {num_ranks}, padded={padded}, cost={cost}")
-    if assignment.shape != (n,) or assignment.dtype != np.int64:
-        _fail(plan, f"assignment has shape {assignment.shape} and dtype {assignment.dtype}; expected ({n},) int64")
+    if why := wrong_field(plan, "assignment", n):
+        _fail(plan, why)
     outside = np.flatnonzero((assignment < 0) | (assignment >= num_ranks))
     if outside.size:
         _fail(plan, f"item {outside[0]} goes to rank {assignment[outside[0]]}, outside [0, {num_ranks})")

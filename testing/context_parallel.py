@@ -32,8 +32,9 @@ from ..balancers import ContextParallel, ContextParallelPlan, CostModel, Status
 from ..balancers.context_parallel.layout import shard_tokens
 from ..balancers.context_parallel.microbatch_plan import SplitMicroBatchPlan
 from ..balancers.problem import as_lengths, as_num_ranks
-from ..balancers.validation import as_int
-from .checks import _AUTO, check_plan_type, rounding_apart, step_complaint, wrong_status
+from ..balancers.validation import as_int, as_real
+from .checks import (_AUTO, check_optimum_type, check_plan_type, items_of, rounding_apart, step_complaint,
+                     wrong_field, wrong_status)
 
 SPLIT_BRUTE_FORCE_MAX_PLANS = 2**17
 """Largest number of (block, degree) combinations `brute_force_split` enumerates."""
@@ -56,6 +57,23 @@ def _blocks(num_ranks: int, spec: ContextParallel) -> list[tuple[int, int, bool]
     g = spec.gpus_per_node
     return [(s, c, s // g == (s + c - 1) // g) for c in spec.degrees for s in range(0, num_ranks - c + 1, c)
             if c == 1 or s // g == (s + c - 1) // g or spec.allow_inter_node]
+
+
+def _as_spec(spec) -> ContextParallel:
+    """`spec` checked: TypeError naming it unless a ContextParallel (probe58 U1: None was an AttributeError)."""
+    if not isinstance(spec, ContextParallel):
+        raise TypeError(f"`spec` must be a ContextParallel (the plan's `context_parallel`); got {type(spec).__name__}")
+    return spec
+
+
+def _as_counts(num_microbatches) -> list[int]:
+    """`num_microbatches`, an int or a non-empty range (list, tuple) of ints, each >= 1, as a list: probe58 U1, 0 or
+    -1 read as "no plan fits", 2.5 or True as raw TypeErrors."""
+    if not isinstance(num_microbatches, (range, list, tuple)):
+        return [as_int(num_microbatches, "num_microbatches", minimum=1)]
+    if not num_microbatches:
+        raise ValueError("`num_microbatches` must be an int or a non-empty range of them; got an empty one")
+    return [as_int(count, "num_microbatches", minimum=1) for count in num_microbatches]
 
 
 def _options(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost: CostModel):
@@ -92,7 +110,7 @@ def brute_force_split(lengths, num_ranks, spec: ContextParallel, *, cost=None,
     lengths = as_lengths(lengths)
     num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     cost = CostModel() if cost is None else cost
-    per_item = _options(lengths, num_ranks, spec, cost)
+    per_item = _options(lengths, num_ranks, _as_spec(spec), cost)
     total = math.prod(len(options) for options in per_item)
     if total > SPLIT_BRUTE_FORCE_MAX_PLANS:
         raise ValueError(f"brute force over {total} split plans exceeds SPLIT_BRUTE_FORCE_MAX_PLANS = "
@@ -121,9 +139,16 @@ def _split_plans(num_items: int, num_ranks: int, spec: ContextParallel, num_micr
     return math.inf if num_items * math.log2(max(per_item, 1)) > 64 else float(per_item ** num_items)
 
 
+def _check_fields(plan: ContextParallelPlan | SplitMicroBatchPlan, names: tuple[str, ...], n: int) -> None:
+    """AssertionError unless the plan's int64 per-item arrays `names` and its float64 `item_time` have n entries."""
+    for name, dtype in [(name, np.int64) for name in names] + [("item_time", np.float64)]:
+        if why := wrong_field(plan, name, n, dtype):
+            _fail(plan, why)
+
+
 def _fail(plan: ContextParallelPlan | SplitMicroBatchPlan, message: str) -> None:
     what = "split plan" if isinstance(plan, ContextParallelPlan) else "split micro-batch plan"
-    raise AssertionError(f"{what} of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks): {message}")
+    raise AssertionError(f"{what} of {plan.algorithm!r} ({items_of(plan)} items, {plan.num_ranks} ranks): {message}")
 
 
 def _check_groups(plan: ContextParallelPlan | SplitMicroBatchPlan, start: np.ndarray, spec: ContextParallel,
@@ -182,11 +207,13 @@ def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: C
     >>> check_split_plan(plan, [40, 5, 5], 2, spec, optimum=brute_force_split([40, 5, 5], 2, spec))
     """
     check_plan_type(plan, ContextParallelPlan)
-    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
+    lengths, num_ranks, spec = as_lengths(lengths), as_num_ranks(num_ranks), _as_spec(spec)
+    check_optimum_type(optimum, SplitOptimum, "brute_force_split")
     cost = CostModel() if cost is None else cost
     n = lengths.size
-    if plan.num_ranks != num_ranks or plan.cost != cost or plan.assignment.shape != (n,) or plan.degree.shape != (n,):
+    if plan.num_ranks != num_ranks or plan.cost != cost:
         _fail(plan, f"was made for {plan.num_ranks} ranks and {plan.num_items} items with cost {plan.cost}")
+    _check_fields(plan, ("assignment", "degree"), n)
     _check_groups(plan, plan.assignment, spec, num_ranks)
     loads, tokens = (rows[0] for rows in _item_accounts(plan, plan.assignment, lengths, spec, cost))
     if not np.array_equal(loads, plan.loads) or not np.array_equal(tokens, plan.tokens):
@@ -304,9 +331,10 @@ def brute_force_split_microbatches(lengths, num_ranks, spec: ContextParallel, *,
     >>> brute_force_split_microbatches([8, 2, 2], 2, spec, max_tokens_per_microbatch=4, num_microbatches=2).makespan
     6.0
     """
-    lengths = as_lengths(lengths)
+    lengths, counts, spec = as_lengths(lengths), _as_counts(num_microbatches), _as_spec(spec)
+    budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
+    overhead = as_real(microbatch_overhead, "microbatch_overhead")
     cost = CostModel() if cost is None else cost
-    counts = [num_microbatches] if isinstance(num_microbatches, int) else list(num_microbatches)
     per_item = _options(lengths, as_int(num_ranks, "num_ranks", minimum=1), spec, cost)
     total = sum(math.prod(m * len(options) for options in per_item) for m in counts)
     if total > SPLIT_BRUTE_FORCE_MAX_PLANS:
@@ -323,9 +351,9 @@ def brute_force_split_microbatches(lengths, num_ranks, spec: ContextParallel, *,
             for k, option in plan:  # item order, as the plan sums
                 loads[k] += option[2]
                 tokens[k] += option[3]
-            if tokens.max() > max_tokens_per_microbatch:
+            if tokens.max() > budget:
                 continue
-            step = math.fsum(loads.max(axis=1).tolist()) + m * microbatch_overhead
+            step = math.fsum(loads.max(axis=1).tolist()) + m * overhead
             if step < best:
                 best, best_plan = step, plan
     if best_plan is None:
@@ -377,7 +405,8 @@ def check_split_microbatch_plan(plan: SplitMicroBatchPlan, lengths, num_ranks: i
     >>> check_split_microbatch_plan(plan, [40, 5, 5], 2, spec, 25)
     """
     check_plan_type(plan, SplitMicroBatchPlan)
-    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
+    lengths, num_ranks, spec = as_lengths(lengths), as_num_ranks(num_ranks), _as_spec(spec)
+    check_optimum_type(optimum, SplitOptimum, "brute_force_split_microbatches")
     cost = CostModel() if cost is None else cost
     n, m = lengths.size, plan.num_microbatches
     expected = (num_ranks, max_tokens_per_microbatch, microbatch_overhead, False, None)
@@ -385,9 +414,7 @@ def check_split_microbatch_plan(plan: SplitMicroBatchPlan, lengths, num_ranks: i
     if made != expected:
         _fail(plan, f"was made for (num_ranks, max_tokens_per_microbatch, microbatch_overhead, padded, pipeline) = "
                     f"{made}; expected {expected}")
-    for name in ("rank", "microbatch", "degree", "item_time"):
-        if np.shape(getattr(plan, name)) != (n,):
-            _fail(plan, f"`{name}` has shape {np.shape(getattr(plan, name))}; expected ({n},)")
+    _check_fields(plan, ("rank", "microbatch", "degree"), n)
     outside = np.flatnonzero((plan.microbatch < 0) | (plan.microbatch >= m))
     if outside.size:
         _fail(plan, f"item {outside[0]} is in micro-batch {plan.microbatch[outside[0]]}, outside [0, {m})")

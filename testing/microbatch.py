@@ -20,7 +20,8 @@ from ..balancers import MicroBatchPlan, Status
 from ..balancers.pipeline.spec import simulated_exactly
 from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
-from .checks import check_plan_type, rounding_apart, step_complaint, wrong_status
+from .checks import (check_optimum_type, check_plan_type, items_of, rounding_apart, step_complaint,
+                     wrong_field, wrong_status)
 from .oracles import _all_plans, _item_costs, _per_rank
 from .pipeline import replica_step
 
@@ -117,7 +118,7 @@ def fewest_microbatches(lengths, num_ranks, max_tokens_per_microbatch, *, padded
 
 
 def _fail(plan: MicroBatchPlan, message: str) -> None:
-    raise AssertionError(f"micro-batch plan of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks, "
+    raise AssertionError(f"micro-batch plan of {plan.algorithm!r} ({items_of(plan)} items, {plan.num_ranks} ranks, "
                          f"{plan.num_microbatches} micro-batches): {message}")
 
 
@@ -178,10 +179,10 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
     if (plan.num_ranks, plan.max_tokens_per_microbatch, plan.padded) != expected:
         _fail(plan, f"was made for (num_ranks, max_tokens_per_microbatch, padded) = "
                     f"{(plan.num_ranks, plan.max_tokens_per_microbatch, plan.padded)}; expected {expected}")
+    check_optimum_type(optimum, MicroBatchOptimum, "brute_force_microbatches")
     for name, values, limit in (("rank", plan.rank, num_ranks), ("microbatch", plan.microbatch, m)):
-        values = np.asarray(values)
-        if values.shape != (n,) or values.dtype != np.int64:
-            _fail(plan, f"`{name}` has shape {values.shape} and dtype {values.dtype}; expected ({n},) int64")
+        if why := wrong_field(plan, name, n):
+            _fail(plan, why)
         outside = np.flatnonzero((values < 0) | (values >= limit))
         if outside.size:
             _fail(plan, f"item {outside[0]} has {name} {values[outside[0]]}, outside [0, {limit})")
