@@ -21,7 +21,8 @@ import numpy as np
 from .cost import CostModel
 from .orders import Orders, sealed
 from .sums import exact_sum, integer_sum, integer_values
-from .validation import INT64_MAX, as_array, as_bool, as_int, as_non_negative_integers, as_rounded_up, is_real
+from .validation import (INT64_MAX, as_bool, as_int, as_non_negative_integers, as_numeric_array, as_rounded_up,
+                         is_real)
 
 
 class Status(str, Enum):
@@ -216,7 +217,7 @@ def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
     """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers below 2**53 (as CLI files and
     batches: a longer one's cost f(l) = l rounds, probe31 P31-01), a private copy, so that a problem made read-only
     never freezes, nor a kernel writes, the caller's array (a frozen int64 array, `validation.frozen`, is kept)."""
-    array = as_array(lengths, name, "integers")
+    array = as_numeric_array(lengths, name, "integers")
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size == 0:
@@ -258,7 +259,7 @@ def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
 def as_costs(costs, lengths: np.ndarray, name: str = "costs") -> np.ndarray:
     """Validate per-item costs (one non-negative real per item, not NaN; bools refused) to float64, a private
     copy; errors name the argument `name`."""
-    array = as_array(costs, name, "reals")
+    array = as_numeric_array(costs, name, "reals")
     if array.dtype == object or array.dtype.kind not in "iuf":
         raise TypeError(f"`{name}` must hold real numbers; got dtype {array.dtype}")
     if array.shape != lengths.shape:

@@ -154,6 +154,32 @@ def as_array(values, name: str, what: str) -> np.ndarray:
     return array
 
 
+def as_numeric_array(values, name: str, what: str) -> np.ndarray:
+    """`as_array` of numbers, where a bool among them is refused as a bool array is: "`name` must hold `what`, not
+    booleans" (numpy reads `[True, 3, 8]` as integers, 1 for True; probe58: `balance([True, 3, 8, 1], 2)` planned
+    True as a length while `[True, False]` was refused).
+
+    >>> as_numeric_array([True, 3, 8], "lengths", "integers")
+    Traceback (most recent call last):
+    ...
+    TypeError: `lengths` must hold integers, not booleans
+    """
+    array = as_array(values, name, what)
+    if array.dtype.kind in "iufc":
+        python = values.ravel().tolist() if isinstance(values, np.ndarray) and values.dtype == object else values
+        if isinstance(python, (list, tuple)) and _holds_bool(python):
+            raise TypeError(f"`{name}` must hold {what}, not booleans")
+    return array
+
+
+def _holds_bool(values: list | tuple) -> bool:
+    """Whether a Python sequence (nested lists and tuples too) holds a bool or a numpy bool."""
+    kinds = set(map(type, values))
+    if bool in kinds or np.bool_ in kinds:
+        return True
+    return bool(kinds & {list, tuple}) and any(_holds_bool(value) for value in values if type(value) in (list, tuple))
+
+
 def tensor_values(tensor, name: str) -> np.ndarray:
     """A torch tensor's values as a numpy array, torch never imported (duck-typed): detached (a tensor
     that requires grad), copied to the CPU (from a GPU too), bfloat16 widened to float32 (exact; numpy has no
@@ -318,7 +344,7 @@ def as_item_bytes(item_bytes, num_items: int, name: str = "item_bytes") -> np.nd
 def as_numbers(values, name: str, what: str = "numbers") -> np.ndarray:
     """`values` (any shape: read by `as_array`, `what` completing its words) as a numpy array of ints or floats:
     TypeError for another dtype (bools, objects, complex, strs); an empty array passes whatever its dtype."""
-    array = as_array(values, name, what)
+    array = as_numeric_array(values, name, what)
     if array.size and (array.dtype == object or array.dtype.kind not in "iuf"):
         raise TypeError(f"`{name}` must hold numbers; got dtype {array.dtype}")
     return array

@@ -1,0 +1,26 @@
+"""Booleans among numbers are refused as a bool array is, with the same message (probe58: `balance([True, 3, 8, 1],
+2)` planned True as a length of 1, numpy reading the list as integers, while `[True, False]` was refused)."""
+
+import numpy as np
+import pytest
+
+from orchmllm import balance
+from orchmllm.balancers.validation import as_numbers
+
+
+@pytest.mark.parametrize("lengths", [[True, 3, 8, 1], [True, False], (1, np.True_), [3.0, True],
+                                     np.array([True, 3], dtype=object)],
+                         ids=["bool-among-ints", "all-bools", "numpy-bool", "bool-among-floats", "object-array"])
+def test_booleans_among_lengths_are_refused_as_a_bool_array_is(lengths):
+    with pytest.raises(TypeError, match=r"^`lengths` must hold integers, not booleans$"):
+        balance(lengths, 2)
+
+
+def test_booleans_among_costs_are_refused():
+    with pytest.raises(TypeError, match=r"`costs` must hold numbers, not booleans"):
+        as_numbers([1.5, True], "costs")
+
+
+def test_booleans_among_per_item_costs_are_refused():
+    with pytest.raises(TypeError, match=r"^`costs` must hold reals, not booleans$"):
+        balance([1, 2, 3], 2, costs=[1.0, True, 2.0])
