@@ -66,7 +66,7 @@ from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
 from .cp_rows import note_epoch
 from .dispatch_plan import DispatchPlan, exchanged_by, maker_token
-from .exchange import Reference, detached_problem, exchange, exchange_with_grad
+from .exchange import Reference, detached_problem, exchange, exchange_with_grad, grad_mode_problem
 from .metadata import check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, loop_left, new_step
 from .options import DispatchOptions, as_keys, check_names
@@ -245,7 +245,12 @@ class PostBalancingDispatcher:
         move = exchange_with_grad if differentiable else exchange
         self._exchanged = True
         carried, self._carried = self._carried, None  # every rank raises it here (`_followed`)
-        moved = move(pieces, self.transport, guard=self.guards[site], problem=carried or problem, reference=reference)
+        guard, recorded = self.guards[site], differentiable and home  # combine's header word tells if a rank records
+        if recorded:
+            guard.tell(torch.is_grad_enabled())  # (dispatch's tells the step clock's fact)
+        moved = move(pieces, self.transport, guard=guard, problem=carried or problem, reference=reference)
+        if recorded and guard.facts and guard.facts[0] != guard.facts[1]:
+            raise grad_mode_problem("combine", self.group)
         note_epoch(self.group)  # a collective: a context-parallel layout kept from before it is named (`cp_rows`)
         return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}
 

@@ -34,11 +34,12 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..balancers.validation import EXACT_INTEGERS, as_array, as_non_negative_integers, is_int
 from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
-from .comm import collective, comm_device
+from .comm import collective, comm_device, group_rank, group_size
 
 RIDE_MAX_RANKS = 8
 """Largest group whose exchange headers ride in the payload all-to-all.  A riding header (24 bytes) goes to every
@@ -477,6 +478,20 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     anchor = [_ANCHOR] if record and torch.is_grad_enabled() and not any(
         isinstance(tensor, torch.Tensor) and tensor.requires_grad for tensor in tensors) else []
     return list(_Exchange.apply(routes, transport, stats, guard, problem, reference, *tensors, *anchor))
+
+
+def grad_mode_problem(what: str, group) -> RuntimeError:
+    """The error every rank raises where the header of `what`'s recording exchange said that some ranks record its
+    backward and others, under torch.no_grad, do not: the recording ones would wait in their backward's reverse
+    exchange until the collective timeout.  One all-gather, on this error path only, names the ranks."""
+    modes = [None] * group_size(group)
+    with collective(f"{what} grad mode all-gather", group):
+        dist.all_gather_object(modes, torch.is_grad_enabled(), group=group)
+    on = [rank for rank, mode in enumerate(modes) if mode]
+    return RuntimeError(f"{what} (seen from rank {group_rank(group)}): ranks {on} run it with grad enabled and ranks "
+                        f"{sorted(set(range(len(modes))) - set(on))} under torch.no_grad (or inference_mode), so ranks "
+                        f"{on} would wait in their backward's reverse exchange until the collective timeout; run it in "
+                        f"the same grad mode on every rank, or pass differentiable=False")
 
 
 _ANCHOR = torch.zeros((), requires_grad=True)  # an input that records the exchange's node where none other would
