@@ -429,7 +429,7 @@ class PostBalancingDispatcher:
         reverse all-to-all, which every rank's backward runs, so every rank's loss must reach its combined
         rows where any rank's does, a rank with no home items too (e.g. `home[key].sum() * 0`, not parameters
         times 0; else its peers wait in that exchange until the group's timeout); False for outputs that take
-        no gradient (logged scores).
+        no gradient (logged scores).  Ranks running it in other grad modes (torch.no_grad on some) all raise.
         """
         if (owner := exchanged_by(self, _checked_plan(plan), "combine")) is not self:
             return owner.combine(outputs, plan, per_item_keys=per_item_keys, split_reduce=split_reduce, order=order,
