@@ -18,9 +18,20 @@ later moment reads them).
 
 from __future__ import annotations
 
+import os
 import threading
 
 _LOCK = threading.RLock()  # re-entrant: a pass's routes read its stage plans' layouts
+
+
+def _new_lock() -> None:
+    """A forked child's lock, free: the parent's may be held by a building thread the child does not have (its half-
+    filled fields are kept: a build fills what is missing and keeps what is there)."""
+    global _LOCK
+    _LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 class _Unset:

@@ -157,3 +157,34 @@ def test_regression_a_copy_taken_while_another_thread_builds_waits_for_that_buil
     copier.join(30)
     assert set(ROUTES) <= set(vars(copies[0]))
     assert np.array_equal(copies[0].route_row, plan.route_row)
+
+
+def test_regression_a_child_forked_while_a_thread_builds_reads_without_waiting():
+    """Cause (probe58 F1): a process forked while another thread held the builders' lock inherited it held by a
+    thread it does not have, and its first lazy read waited forever (5 of 5 forks).  The child's lock is new."""
+    import os
+    import signal
+    import threading
+
+    from orchmllm.orchestrator import lazy
+
+    plan = _steps()[0].microbatches[-1]
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with lazy._LOCK:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: a first read of a route, given 10 s (killed by the alarm, whatever handler was set)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(10)
+        os._exit(0 if plan.route_row.size == plan.route_stage.size else 1)
+    release.set()
+    holder.join(30)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status  # on the parent: killed by SIGALRM
