@@ -35,66 +35,11 @@ import heapq
 import numpy as np
 
 from ..bounds import cap_refusal
-from ..problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit, integer_values, rank_tokens,
+from ..problem import (InfeasibleError, KernelResult, Problem, integer_values, rank_tokens,
                        read_only, sorted_order)
 from .last_units import LastUnits as _LastUnits, same_memory  # `_LastUnits`: the tests' name
+from .lpt_rounds import integer_loads, ranks_by_load, round_length, smallest_ranks  # noqa: F401 (callers' names)
 from .lpt_runs import RUN_SHARE, EqualRuns, merged_order, place_run
-
-
-def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
-    """Whether loads (sums of `costs`) make int64 keys load · D + rank that sort like (load, rank)."""
-    return float(costs.sum()) * num_ranks < 2.0**62 and integer_keys_fit(costs, 1)  # the cheap test first
-
-
-def ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
-    """Ranks by (load, rank) ascending."""
-    if integer:
-        return np.sort(loads.astype(np.int64) * loads.size + np.arange(loads.size)) % loads.size
-    return np.argsort(loads, kind="stable")
-
-
-def smallest_ranks(loads: np.ndarray, count: int, integer: bool) -> np.ndarray:
-    """The first `count` of `ranks_by_load(loads)`, by partial selection when that is cheaper."""
-    size = loads.size
-    if 4 * count >= size:
-        return ranks_by_load(loads, integer)[:count]
-    if integer:
-        keys = loads.astype(np.int64) * size + np.arange(size)  # unique: any selection agrees
-        chosen = np.argpartition(keys, count - 1)[:count]
-        return chosen[np.argsort(keys[chosen])]
-    threshold = np.partition(loads, count - 1)[count - 1]
-    below = np.flatnonzero(loads < threshold)
-    tied = np.flatnonzero(loads == threshold)[: count - below.size]  # lowest ranks first
-    chosen = np.concatenate((below, tied))
-    return chosen[np.lexsort((chosen, loads[chosen]))]
-
-
-def round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray,
-                 integer: bool = False) -> int:
-    """How many of `costs` the heap loop would give to the ranks in sorted order.
-
-    Item k goes to ranks_sorted[k] iff (loads_sorted[k], ranks_sorted[k]) is below
-    (loads_sorted[j] + costs[j], ranks_sorted[j]) for every j < k.  With `integer` loads
-    (see `integer_loads`) the pairs become int64 keys load · D + rank and the check is one
-    prefix minimum; otherwise ties are resolved one by one.
-    """
-    topped = loads_sorted + costs
-    if integer:
-        scale = ranks_sorted.max() + 1
-        keys = topped.astype(np.int64) * scale + ranks_sorted
-        waiting_keys = loads_sorted[1:].astype(np.int64) * scale + ranks_sorted[1:]
-        failed = np.flatnonzero(waiting_keys > np.minimum.accumulate(keys)[:-1])
-        return int(failed[0]) + 1 if failed.size else costs.size
-    prefix_min = np.minimum.accumulate(topped)[:-1]
-    waiting = loads_sorted[1:]
-    not_strict = np.flatnonzero(waiting >= prefix_min)
-    for k in (not_strict + 1).tolist():
-        if waiting[k - 1] > prefix_min[k - 1]:
-            return k
-        ties = ranks_sorted[:k][topped[:k] == waiting[k - 1]]
-        if ranks_sorted[k] > ties.min():
-            return k
-    return costs.size
 
 
 def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
@@ -109,12 +54,12 @@ def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
         loads[rank] = load
 
 
-def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
-               start: np.ndarray | None = None) -> tuple[np.ndarray, int, np.ndarray, int] | None:
+def _key_steps(sorted_costs: np.ndarray, num_ranks: int, start: np.ndarray | None = None
+               ) -> tuple[np.ndarray, int, np.ndarray, int, np.ndarray | None] | None:
     """Integer costs (largest first) as int64 key increments cost << shift, for keys
-    (load << shift) | rank, the shift, the ranks' first keys, sorted (loads 0, or `start`), and
-    the unit of their loads (`divisor`); None unless LPT then sums every load exactly and its
-    keys fit int64.
+    (load << shift) | rank, the shift, the ranks' first keys, sorted (loads 0, or `start`), the
+    unit of their loads (`divisor`) and `start` in that unit (None without); None unless LPT then
+    sums every load exactly and its keys fit int64.
 
     The costs (and start loads) are first divided by the largest power of two dividing them
     all: that is exact and float rounding is scale-free, so the quotients' LPT makes the same
@@ -144,11 +89,13 @@ def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
     else:
         steps = read_only((integers >> exponent) << shift)
         _KEPT_UNITS.keep((sorted_costs,), lambda: (integers, cost_bits, total, (exponent, shift, steps)))
-    keys = np.arange(num_ranks, dtype=np.int64)
-    if starts is not None:  # unique keys: any sort agrees (`_START_SORT`)
-        keys = ((starts >> exponent) << shift) | keys
-        keys.sort(kind="quicksort" if _START_SORT * np.count_nonzero(keys[1:] < keys[:-1]) > keys.size else _SORT_KIND)
-    return steps, shift, keys, divisor
+    if starts is None:
+        return steps, shift, np.arange(num_ranks, dtype=np.int64), divisor, None
+    starts >>= exponent  # a copy of `start` (`integer_values`), in place: fewer fresh pages
+    keys = np.left_shift(starts, shift)
+    keys |= np.arange(num_ranks, dtype=np.int64)  # unique keys: any sort agrees (`_START_SORT`)
+    keys.sort(kind="quicksort" if _START_SORT * np.count_nonzero(keys[1:] < keys[:-1]) > keys.size else _SORT_KIND)
+    return steps, shift, keys, divisor, starts
 
 
 def _sums_exact(sorted_costs: np.ndarray, total: float, num_ranks: int, start: np.ndarray | None, divisor: int,
@@ -200,8 +147,7 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
                 keys[size - 1] > topped[:-1].min():
             placed = int((keys[1:size] > np.minimum.accumulate(topped[:-1])).argmax()) + 1  # the first True
         if (_WIDE_KEY_HEAP_SHARE if num_ranks > _WIDE_ROUND else 8) * placed < size:
-            loads = np.empty(num_ranks, dtype=np.int64)
-            loads[keys & mask] = keys >> shift
+            loads = _loads_by_rank(keys, shift)
             _heap_round(loads, steps[position: position + size] >> shift, order[position: position + size],
                         assignment)
             keys = np.sort((loads << shift) | np.arange(num_ranks))
@@ -220,7 +166,10 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
             continue
         assignment[order[position: position + placed]] = keys[:placed] & mask
         position += placed
-        keys = topped if placed == num_ranks else np.concatenate((topped[:placed], keys[placed:]))
+        if placed == num_ranks:
+            keys = topped
+        else:  # keys are this function's own (`_key_steps`' fresh ones, then its own)
+            keys[:placed] = topped[:placed]
         if position < n:  # the last round's keys are left unsorted (callers read their loads by rank)
             keys = _front_sorted(keys, min(n - position, num_ranks))
     return assignment, keys
@@ -287,12 +236,10 @@ def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, sta
         key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
         if key_steps is None:
             return None
-        steps, shift, keys, divisor = key_steps
+        steps, shift, keys, divisor, units = key_steps
         assignment, keys = _greedy_by_keys(steps, shift, keys, num_ranks, order)
-    sums = np.empty(num_ranks, dtype=np.int64)
-    sums[keys & ((1 << shift) - 1)] = keys >> shift
-    sums -= start.astype(np.int64) // divisor  # whole units of `divisor`, below 2**53 (`_key_steps`)
-    return assignment, sums * float(divisor), tokens
+        return assignment, _loads_by_rank(keys, shift, units) * float(divisor), tokens
+    return assignment, _loads_by_rank(keys, shift) * float(divisor), tokens  # from zero loads
 
 
 def greedy_prefix(sorted_costs: np.ndarray, num_ranks: int, start: np.ndarray, count: int, raised: float
@@ -306,14 +253,22 @@ def greedy_prefix(sorted_costs: np.ndarray, num_ranks: int, start: np.ndarray, c
     key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
     if key_steps is None:
         return None
-    steps, shift, keys, divisor = key_steps
+    steps, shift, keys, divisor, units = key_steps
     if raised % divisor or not _sums_exact(sorted_costs, float(sorted_costs.sum()), num_ranks, start + raised,
                                            divisor, shift):
         return None
     ranks, keys = _greedy_by_keys(steps[:count], shift, keys, num_ranks, np.arange(count))
-    loads = np.empty(num_ranks, dtype=np.int64)
+    return ranks, _loads_by_rank(keys, shift, units) * float(divisor)
+
+
+def _loads_by_rank(keys: np.ndarray, shift: int, start: np.ndarray | None = None) -> np.ndarray:
+    """Each rank's load (int64, whole units) from the keys (load << shift) | rank of all ranks, less its `start`
+    (by rank, the same units; the sums are exact: `_key_steps`) where given."""
+    loads = np.empty(keys.size, dtype=np.int64)
     loads[keys & ((1 << shift) - 1)] = keys >> shift
-    return ranks, (loads - start.astype(np.int64) // divisor) * float(divisor)
+    if start is not None:
+        loads -= start
+    return loads
 
 
 def _in_order(assignment: np.ndarray, kept_order: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -346,7 +301,8 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, 
     loads = np.zeros(num_ranks)
     n, position = sorted_costs.size, 0
     integer = integer_loads(sorted_costs, num_ranks)
-    runs, ranks = EqualRuns(sorted_costs, num_ranks), None
+    # given_up: where the run ends that `place_run` could not place (float rounding): no more tries in it (probe57 L2)
+    runs, ranks, given_up = EqualRuns(sorted_costs, num_ranks), None, 0
     while position < n:
         stop = min(n, position + num_ranks)
         ranks = ranks_by_load(loads, integer) if ranks is None else ranks  # kept where a run placed at once
@@ -354,19 +310,22 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, 
         if chunk[0] == 0:  # the costs left are 0: each goes to the least loaded rank, which stays so
             assignment[order[position:]] = ranks[0]
             break
-        run = runs.at(position)
+        run = runs.at(position) if position >= given_up else 0
         # at once where a round would place under 1/RUN_SHARE of the run: the loads spread over its cost before that
         spread = run and loads[ranks[min(run // RUN_SHARE, num_ranks - 1)]] - loads[ranks[0]] >= chunk[0]
         after_run = _run_placed(loads, ranks, sorted_costs, order, position, run, assignment) if spread else None
         if after_run is not None:
             position, ranks = position + run, after_run
             continue
+        given_up = runs.end(position) if spread else given_up
         placed = round_length(loads[ranks[: stop - position]], ranks[: stop - position], chunk, integer)
         if (_WIDE_HEAP_SHARE if num_ranks > _WIDE_ROUND else 8) * placed < stop - position:
             stop = min(stop, runs.next_start(position))
+            tried = position >= given_up and stop <= runs.end(position)
             ranks = _run_placed(loads, ranks, sorted_costs, order, position, stop - position, assignment) \
-                if stop <= runs.end(position) else None
+                if tried else None
             if ranks is None:
+                given_up = runs.end(position) if tried else given_up
                 _heap_round(loads, chunk[: stop - position], order[position:stop], assignment)
             position = stop
             continue

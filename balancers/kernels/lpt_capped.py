@@ -281,7 +281,7 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hop
     free = n - int(np.searchsorted(state.costs[::-1], 0.0, side="right"))  # the items of cost 0 from here
     assignment = np.empty(n, dtype=np.int64)
     assignment[order[:start]] = ranks[:start]
-    position = start
+    position = given_up = start  # given_up: where a run ends that `place_run` could not place (probe57 L2)
     while position < n:
         if position >= free:
             placed = _free_run(state, position)
@@ -290,8 +290,9 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hop
             if position < n:
                 raise no_room(problem, int(order[position]), cap)
             break
-        run = runs.at(position)
+        run = runs.at(position) if position >= given_up else 0
         placed = state.place_run(position, run) if run else None
+        given_up = runs.end(position) if run and placed is None else given_up
         if placed is not None:
             assignment[order[position:position + placed.size]] = placed
             position += placed.size
@@ -307,8 +308,10 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hop
             taken = _merged_round(state, position, size)
             if 8 * taken.size < size:  # the least-loaded ranks take item after item: one heap step each
                 stop = min(run_end, position + state.num_ranks, runs.next_start(position))
-                placed = state.place_run(position, stop - position) if stop <= runs.end(position) else None
+                tried = position >= given_up and stop <= runs.end(position)
+                placed = state.place_run(position, stop - position) if tried else None
                 if placed is None:
+                    given_up = runs.end(position) if tried else given_up
                     placed = _heap_run(state, position, stop)
             else:
                 placed = state.place(position, taken)
