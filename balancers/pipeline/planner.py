@@ -16,28 +16,27 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               ones filling what each run's first item leaves) where made is its one shaped start, and the plain cells
               are not searched (D = 2560 x 32, M = 16: 1.007-1.011x the bound, where the old starts' search ended
               1.32-1.36x)
-    search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after
-              one that meets the bound; each stops where its rate cannot reach the fastest step found before it):
-              rounds of item moves off many slow replicas at once, then slot swaps and item moves
-              off the slowest replica.  The shaped cells are near the best shape on almost every
-              replica (D = 2560 × 32, M = 8: the median replica within 1 % of the bound), a few
-              slow ones holding the largest items, which the rounds repair; the reordered plain
-              cells are near-tied on every replica at large D (the search stalls at once there)
-              and the better start at small D with a few giant items.  A search ending above the
-              fastest step found before it is dropped unsummed, and one that must end so is not made (`behind`)
-    certify   the step time of the final cells, their costs summed in item order as a fresh
-              account would (a start's cells are; the replicas the search moved items between are
-              summed again) and timed by `replica_times`; the bound of `bounds.step_bound`, status
-              optimal only when they meet
+              First (1F1B, interleaved, where the largest item's chain holds the bound), the start on fewer
+              micro-batches (`fewer`), returned at once where it meets the bound (D = 2560 x 32, M = 32: 1.274x -> 1x)
+    search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after one that
+              meets the bound; each stops where its rate cannot reach the fastest step found before it): rounds of
+              item moves off many slow replicas at once, then slot swaps and item moves off the slowest replica.  The
+              shaped cells are near the best shape on almost every replica (D = 2560 × 32, M = 8: the median replica
+              within 1 % of the bound), a few slow ones holding the largest items, which the rounds repair; the
+              reordered plain cells are near-tied on every replica at large D (the search stalls at once there) and the
+              better start at small D with a few giant items.  A search ending above the fastest step found before it
+              is dropped unsummed, and one that must end so is not made (`behind`)
+    certify   the step time of the final cells, their costs summed in item order as a fresh account would (a start's
+              cells are; the replicas the search moved items between are summed again) and timed by `replica_times`;
+              the bound of `bounds.step_bound`, status optimal only when they meet
 
-The plan given is one of the starts, and the searches' cells are kept only when faster than every
-start, so the result is never slower than it (the cells planned for M, `microbatch.auto.solve_each`, run in
-their own order: the plan `balance_microbatches` makes without `pipeline=`, but for the fewest micro-batches'
-plan and the joint greedy that call may keep where their Σ_m max is lower).
-Items of cost 0 are left out and dealt after, where their tokens fit (`free`: they change no cell's cost).
-Deterministic: no clock, ties by index.  M is the plain plan's (a free M is not raised to shrink
-the bubble); with M free the bound covers every M, so its gap also shows what more micro-batches
-could gain.
+The plan given is one of the starts, and the searches' cells are kept only when faster than every start, so the
+result is never slower than it (the cells planned for M, `microbatch.auto.solve_each`, run in their own order: the
+plan `balance_microbatches` makes without `pipeline=`, but for the fewest micro-batches' plan and the joint greedy
+that call may keep where their Σ_m max is lower).  Items of cost 0 are left out and dealt after, where their tokens
+fit (`free`: they change no cell's cost).  Deterministic: no clock, ties by index.  M is the plain plan's (a free M is
+not raised to shrink the bubble); with M free the bound covers every M, so its gap also shows what more
+micro-batches could gain.
 """
 
 from __future__ import annotations
@@ -48,8 +47,9 @@ import time
 
 import numpy as np
 
-from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
+from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_token_sums
 from .behind import behind_after_a_round, lowered_at_most, stalls_at_once
+from .fewer import fewer_met
 from .free import without_free_items
 from .heights import heights_start
 from .order import deal, mountain, places
@@ -58,7 +58,7 @@ from .schedules import replica_times, step_rows
 from .search import STOP_GAP, SUMS_DRIFT, CellSearch
 from .shaped import first_from_below, lpt_shaped, overflowing, pinned_heavy, second_alone
 from .spec import Pipeline
-from .step import PipelineStep, cell_costs, certified_bound, first_stage_sums, pipeline_step
+from .step import PipelineStep, cell_costs, certified_bound, first_stage_sums, pipeline_step, start_cells
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
 DEFAULT_WORK = 20_000_000
@@ -85,6 +85,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     bound = certified_bound(problem, pipeline, np.array([num_microbatches]), first_stage)
     floor = max(tau * mean * (1 + STOP_GAP), bound)
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
+    if met := fewer_met(problem, pipeline, cells[0], lambda: _proving_rows(cells[0], 1), bound):
+        return met  # the start on fewer micro-batches meets the bound (`fewer`): no plan is faster
     early = _reordered_rows(problem, pipeline, cells[0], rank, work)  # timed with the starts
     heights = heights_start(problem, num_microbatches, pipeline, bound) if pipeline.schedule == "gpipe" and \
         firsts is None and not problem.padded else None
@@ -347,11 +349,8 @@ def _add_start(problem: MicroBatchProblem, starts: tuple, start: tuple | None, f
     (placed, cells, summed), (replica, slot, accounts) = starts, start
     (d, m), index = cells[0][0].shape, len(cells)
     placed[index] = (replica, slot)
-    if accounts is None:
-        cost = cell_loads(problem, slot * d + replica, d * m).reshape(m, d).T + problem.microbatch_overhead
-        tokens = None
-    else:
-        cost, tokens = cell_costs(problem, replica, slot, m, accounts)
+    cost, tokens = start_cells(problem, replica, slot, m, accounts)
+    if accounts is not None:
         summed[index] = accounts
     cells.append((cost, tokens, first_stage_sums(first_stage, replica, slot, d, m)))
 

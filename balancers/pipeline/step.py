@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..microbatch.plan import MicroBatchProblem, cell_accounts
+from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads
 from ..problem import Status
 from .bounds import step_bound
 from .schedules import replica_times
@@ -63,6 +63,18 @@ def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray
     `accounts`: the cells' `cell_accounts` (loads, tokens), when the caller has them."""
     loads, tokens = cell_accounts(problem, replica, slot, num_microbatches) if accounts is None else accounts
     return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
+
+
+
+def start_cells(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
+                accounts: tuple | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A planner's start's cells (cost, tokens), (D, M): `cell_costs` of its `cell_accounts` where given, else the
+    costs summed in item order and tokens None (the search alone needs them)."""
+    if accounts is not None:
+        return cell_costs(problem, replica, slot, num_microbatches, accounts)
+    d = problem.num_ranks
+    loads = cell_loads(problem, slot * d + replica, d * num_microbatches).reshape(num_microbatches, d)
+    return loads.T + problem.microbatch_overhead, None
 
 
 def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: np.ndarray, num_ranks: int,
