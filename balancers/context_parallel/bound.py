@@ -26,7 +26,7 @@ degree does not divide (6 GPUs, degree 4) the planners leave out the blocks stra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -63,12 +63,18 @@ class Allotment:
     times: np.ndarray
     allowed: np.ndarray
     num_ranks: int
+    canonical: dict = field(default_factory=dict, repr=False)  # target -> `degrees_at(target)`
 
     def degrees_at(self, target: float) -> np.ndarray:
-        """The canonical degree of every item at `target` (0 where a candidate fits none)."""
-        degree = np.ones(self.costs.size, dtype=np.int64)
-        index = smallest_fitting(self.times, self.allowed, target)
-        degree[self.candidates] = np.where(index >= 0, self.degrees[index], 0)
+        """The canonical degree of every item at `target` (0 where a candidate fits none), read-only, made once per
+        target (the split planner asks for the bound's four times)."""
+        degree = self.canonical.get(target)
+        if degree is None:
+            degree = np.ones(self.costs.size, dtype=np.int64)
+            index = smallest_fitting(self.times, self.allowed, target)
+            degree[self.candidates] = np.where(index >= 0, self.degrees[index], 0)
+            degree.setflags(write=False)
+            self.canonical[target] = degree
         return degree
 
     def _work(self, least: np.ndarray, others: _Unsplit, target: float) -> float:

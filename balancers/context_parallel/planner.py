@@ -90,7 +90,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     `layouts`: the layouts of the targets, shared by calls with more `long` items (`place_groups`)."""
     best, best_estimate, overflowed, tiered = None, math.inf, True, ()  # (): two tiers not weighed yet
     roomless = 0  # the targets in a row without token room
-    times = TimeTable(problem, spec, gpus_per_node, long)
+    times = TimeTable(problem, spec, gpus_per_node, long, allotment)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     # no item splits at the bound, yet more whole items cost over half of it than there are ranks (`split.plan_split`)
     crowded_only = spec.degrees[0] == 1 and 2 in spec.degrees and not (allotment.degrees_at(bound) > 1).any()
@@ -114,7 +114,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
             continue
         start, degree, overflow = placed
         laid = start >= 0
-        loads, tokens = laid_accounts(problem, spec, gpus_per_node, start, degree)
+        loads, tokens = laid_accounts(problem, spec, gpus_per_node, start, degree, times)
         estimate = max(float(loads.max()), water_level(loads, float(problem.item_costs[~laid].sum())))
         if estimate >= best_estimate:  # a wider target did not pay
             break
@@ -155,16 +155,19 @@ def _tiered(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: 
     if tiers is None or not tiers[2] < ceiling:
         return None
     start, degree, estimate = tiers
-    loads, tokens = laid_accounts(problem, spec, gpus_per_node, start, degree)
+    loads, tokens = laid_accounts(problem, spec, gpus_per_node, start, degree, times)
     return (start, degree, max(estimate, float(loads.max())), (loads, tokens)), estimate
 
 
 def laid_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray,
-                  degree: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                  degree: np.ndarray, times: TimeTable | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(loads, tokens) per rank of the laid-out items (start >= 0) alone: their `rank_accounts`, summed over
-    their shards only (the same pairs in the same order, so the same floats) rather than over every item's."""
+    their shards only (the same pairs in the same order, so the same floats) rather than over every item's, their
+    times read from the layout's table `times`, where given, if it holds them (`TimeTable.placed`)."""
     laid = np.flatnonzero(start >= 0)
-    loads, tokens, _ = rank_accounts(_items_of(problem, laid, None), spec, gpus_per_node, start[laid], degree[laid])
+    start, degree = start[laid], degree[laid]
+    loads, tokens, _ = rank_accounts(_items_of(problem, laid, None), spec, gpus_per_node, start, degree,
+                                     None if times is None else times.placed(laid, start, degree))
     return loads, tokens
 
 

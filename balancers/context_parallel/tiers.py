@@ -54,7 +54,7 @@ def two_tiers(problem: Problem, spec: ContextParallel, gpus_per_node: int, times
     wide = (wide_time.tolist(), shards, shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
     alone_time = times.table[rows, np.where(alone == below, times.column[below], times.column[widest])]
     best = None
-    for k in np.unique(np.linspace(0, order.size, TIER_STEPS + 1).astype(np.int64)).tolist():
+    for k in sorted(set(np.linspace(0, order.size, TIER_STEPS + 1).astype(np.int64).tolist())):
         if int(alone[:k].sum()) > problem.num_ranks:
             break
         floor = _floor(k, alone, alone_time, wide_time, widest, problem.num_ranks, rest_work)
@@ -105,7 +105,7 @@ def _deal(problem: Problem, spec: ContextParallel, gpus_per_node: int, times, or
     taken = np.zeros(d, dtype=bool)
     index = np.argsort(-alone[:k], kind="stable")  # largest degree first: each on the first free block of its own
     items, widths = order[index], alone[index]
-    for c in np.unique(widths)[::-1].tolist():
+    for c in np.flatnonzero(np.bincount(widths))[::-1].tolist():  # the degrees alone, largest first
         chosen = items[widths == c]
         free = free_blocks(taken, c, gpus_per_node, spec.allow_inter_node)[:chosen.size]
         if free.size < chosen.size:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import Problem
-from .layout import shard_tokens
+from .bound import Allotment
+from .blocks import within_node
+from .layout import shards_of
 from .spec import ContextParallel
 
 
@@ -18,18 +20,29 @@ class TimeTable:
     """Per-rank times and shard tokens of some items at every allowed degree, on a block inside a
     node where the degree fits one (computed once, looked up by item and degree)."""
 
-    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, items: np.ndarray):
+    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, items: np.ndarray,
+                 allotment: Allotment | None = None):
+        """`allotment`: the bound's, whose candidates' times (the same operations on the same lengths, `split.allot`)
+        are the table where it holds every item."""
         degrees = np.array(spec.degrees, dtype=np.int64)
         self.column = {c: k for k, c in enumerate(spec.degrees)}
         self.row = np.full(problem.num_items, -1, dtype=np.int64)
         self.row[items] = np.arange(items.size)
-        self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
-                                     (degrees <= gpus_per_node)[None, :])
+        self.table = None
+        if allotment is not None and allotment.candidates.size and items.size:
+            rows = np.minimum(np.searchsorted(allotment.candidates, items), allotment.candidates.size - 1)
+            if np.array_equal(allotment.candidates[rows], items):  # every item a candidate (allgiant: each pass)
+                self.table = allotment.times[rows]
+        if self.table is None:
+            self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
+                                         (degrees <= gpus_per_node)[None, :])
         lengths = problem.lengths[items]
-        self.shards = _Lazy(lambda degree: shard_tokens(lengths, degree))  # degree -> (rows, degree) shard tokens
+        self.shards = _Lazy(lambda degree: shards_of(lengths, degree))  # degree -> (rows, degree) shard tokens
         self.needs = {c: {} for c in spec.degrees}  # degree -> row -> `shard`'s answer, once asked
         self.rows = _Rows(self.row)  # item -> row, for one item at a time
         self.listed = _Lazy(lambda row: self.table[row].tolist())  # row -> its times as a list of floats
+        self.costs, self.gpus_per_node = problem.item_costs, gpus_per_node
+        self.degrees = degrees
 
     def __call__(self, items: np.ndarray, degree: int) -> np.ndarray:
         return self.table[self.row[items], self.column[degree]]
@@ -37,6 +50,16 @@ class TimeTable:
     def time(self, item: int, degree: int) -> float:
         """The time of one item at `degree`."""
         return self.listed[self.rows[item]][self.column[degree]]
+
+    def placed(self, items: np.ndarray, start: np.ndarray, degree: np.ndarray) -> np.ndarray | None:
+        """`plan.split_times` of `items` on blocks (start, degree), read from the table (the same float operations
+        elementwise): their unsplit costs at degree 1; None where a split item's block is not where the table put
+        its group (inside a node where its degree fits one, `blocks.within_node`)."""
+        split = degree > 1
+        if not np.array_equal(within_node(start[split], degree[split], self.gpus_per_node),
+                              degree[split] <= self.gpus_per_node):
+            return None
+        return np.where(split, self.table[self.row[items], np.searchsorted(self.degrees, degree)], self.costs[items])
 
     def shard(self, item: int, degree: int) -> tuple[list[int], int, int]:
         """Tokens of each of the item's shards at `degree`, and the most and the fewest of them."""
