@@ -370,8 +370,9 @@ class SchemaGuard:
 
     def __init__(self, what: str = "exchange"):
         self.what = what
-        self.fact = 0  # this rank's fact for the next header (a loop run since the latest dispatch), 0 or 1
-        self.facts: tuple[int, int] | None = None  # (fewest, most) over the ranks of the latest header's facts
+        self.fact = 0  # this rank's word for the next header: its fact (a loop run since the latest dispatch), + 2
+        # where it records the site's backward (`tell`)
+        self.facts: tuple[int, int] | None = None  # (fewest, most) over the ranks of the latest header's words
         self.schema: tuple[PieceSchema, ...] | None = None  # what every rank passed at the latest exchange
         self.followed = False  # whether every rank followed the plan expected there (`speculates`)
         self.missed = False  # every rank passed other pieces than expected, until a header round sees a schema again
@@ -384,15 +385,22 @@ class SchemaGuard:
         `state`)."""
         return None if self.schema is None else schema_word(self.schema), self.followed, self.missed, self.misses
 
-    def tell(self, fact: bool) -> None:
-        """Send `fact` with this site's next header (`every_rank` reads what every rank sent)."""
-        self.fact, self.facts = int(fact), None
+    def tell(self, fact: bool, records: bool = False) -> None:
+        """Send `fact` with this site's next header (`every_rank` reads what every rank sent), and whether this rank
+        records the site's backward (`records_differ`), in one word: `fact` + 2 * `records`."""
+        self.fact, self.facts = int(fact) + 2 * int(records), None
 
     def every_rank(self, group) -> bool:
-        """Whether every rank told this site's latest header its fact; with no header (a group of one: this
-        rank's own; else none ran, and no rank takes it for true)."""
+        """Whether every rank told this site's latest header its fact (where all record alike, which
+        `records_differ` checks: the fewest word's parity); with no header (a group of one: this rank's own; else
+        none ran, and no rank takes it for true)."""
         facts = self.facts or ((self.fact,) * 2 if group_size(group) == 1 else (0, 0))
-        return facts[0] == 1
+        return facts[0] % 2 == 1
+
+    def records_differ(self) -> bool:
+        """Whether some ranks told the latest header that they record the site's backward and others not: those
+        that record would wait in their backward's reverse exchange for the others until the collective timeout."""
+        return self.facts is not None and self.facts[0] // 2 != self.facts[1] // 2
 
     def speculates(self, expected: int | None) -> bool:
         """Whether this site's next header rides in its payload all-to-all (`exchange`'s `reference`, whose plan

@@ -245,12 +245,14 @@ class PostBalancingDispatcher:
         move = exchange_with_grad if differentiable else exchange
         self._exchanged = True
         carried, self._carried = self._carried, None  # every rank raises it here (`_followed`)
-        guard, recorded = self.guards[site], differentiable and home  # combine's header word tells if a rank records
-        if recorded:
-            guard.tell(torch.is_grad_enabled())  # (dispatch's tells the step clock's fact)
+        guard, records = self.guards[site], differentiable and torch.is_grad_enabled()  # as `move` records a node
+        if home:  # whether this rank records rides in the header, at a dispatch beside the step clock's fact
+            guard.tell(False, records)
+        else:
+            self._clock.tell(guard, records)
         moved = move(pieces, self.transport, guard=guard, problem=carried or problem, reference=reference)
-        if recorded and guard.facts and guard.facts[0] != guard.facts[1]:
-            raise grad_mode_problem("combine", self.group)
+        if guard.records_differ():  # the recording ranks would wait in their backward's reverse exchange
+            raise grad_mode_problem(site, records, self.group)
         note_epoch(self.group)  # a collective: a context-parallel layout kept from before it is named (`cp_rows`)
         return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}
 
@@ -272,14 +274,13 @@ class PostBalancingDispatcher:
         gradients of the results flow back to the inputs (a tensor that requires grad is refused without it); the
         backwards of its `microbatches` run the reverse exchange once, in the last one's, with every micro-batch's
         gradient (`runtime.carry`): the last micro-batch's loss must reach its rows on every rank (an empty one's
-        too), and its backward runs last.
+        too), and its backward runs last.  Ranks dispatching in other grad modes, or `differentiable`s, all raise.
         """
         if (owner := exchanged_by(self, _checked_plan(plan), "dispatch")) is not self:
             return owner.dispatch(batch, plan, lengths=lengths, loss_tokens=loss_tokens, differentiable=differentiable)
         problem = ((None if plan is self._latest else loop_left(self._clock.step))
                    or self._foreign_problem(plan, "dispatch") or items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
-        self._clock.tell(self.guards["dispatch"])  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem,
                            expected=self._expected)
         if plan is not self._latest:
@@ -429,7 +430,7 @@ class PostBalancingDispatcher:
         reverse all-to-all, which every rank's backward runs, so every rank's loss must reach its combined
         rows where any rank's does, a rank with no home items too (e.g. `home[key].sum() * 0`, not parameters
         times 0; else its peers wait in that exchange until the group's timeout); False for outputs that take
-        no gradient (logged scores).  Ranks running it in other grad modes (torch.no_grad on some) all raise.
+        no gradient (logged scores).  Ranks running it in other grad modes, or `differentiable`s, all raise.
         """
         if (owner := exchanged_by(self, _checked_plan(plan), "combine")) is not self:
             return owner.combine(outputs, plan, per_item_keys=per_item_keys, split_reduce=split_reduce, order=order,

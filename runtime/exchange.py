@@ -480,18 +480,19 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     return list(_Exchange.apply(routes, transport, stats, guard, problem, reference, *tensors, *anchor))
 
 
-def grad_mode_problem(what: str, group) -> RuntimeError:
-    """The error every rank raises where the header of `what`'s recording exchange said that some ranks record its
-    backward and others, under torch.no_grad, do not: the recording ones would wait in their backward's reverse
-    exchange until the collective timeout.  One all-gather, on this error path only, names the ranks."""
+def grad_mode_problem(what: str, records: bool, group) -> RuntimeError:
+    """The error every rank raises where `what`'s exchange header said that some ranks record its backward (`records`:
+    whether this one does) and others do not, so that those would wait in their backward's reverse exchange until
+    the collective timeout.  One all-gather, on this error path only, names the ranks."""
     modes = [None] * group_size(group)
     with collective(f"{what} grad mode all-gather", group):
-        dist.all_gather_object(modes, torch.is_grad_enabled(), group=group)
-    on = [rank for rank, mode in enumerate(modes) if mode]
-    return RuntimeError(f"{what} (seen from rank {group_rank(group)}): ranks {on} run it with grad enabled and ranks "
-                        f"{sorted(set(range(len(modes))) - set(on))} under torch.no_grad (or inference_mode), so ranks "
-                        f"{on} would wait in their backward's reverse exchange until the collective timeout; run it in "
-                        f"the same grad mode on every rank, or pass differentiable=False")
+        dist.all_gather_object(modes, (records, torch.is_grad_enabled()), group=group)
+    on, off, plain = ([rank for rank, mode in enumerate(modes) if mode == kind] for kind in ((1, 1), (0, 0), (0, 1)))
+    why = " and ".join(f"ranks {ranks} {how}" for ranks, how in (
+        (off, "under torch.no_grad (or inference_mode)"), (plain, "with differentiable=False")) if ranks)
+    return RuntimeError(f"{what} (seen from rank {group_rank(group)}): ranks {on} run it with grad enabled and {why}, "
+                        f"so ranks {on} would wait in their backward's reverse exchange until the collective timeout; "
+                        f"run it in the same grad mode on every rank, and with the same `differentiable`")
 
 
 _ANCHOR = torch.zeros((), requires_grad=True)  # an input that records the exchange's node where none other would

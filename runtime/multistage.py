@@ -401,11 +401,12 @@ class MultiStageRuntime:
                   for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
                                                               self.modalities)]
         guard = self.guards["embeddings"]  # whether this rank records the exchange's backward rides in its header
-        guard.tell(torch.is_grad_enabled() and (not self.check_encoders or any(out.requires_grad for out in outputs)))
+        records = torch.is_grad_enabled() and (not self.check_encoders or any(out.requires_grad for out in outputs))
+        guard.tell(False, records)
         arrived = exchange_with_grad(pieces, self.transport, stats, guard=guard, problem=problem,
                                      record=not self.check_encoders)  # the checked contract: grads agree
-        if guard.facts and guard.facts[0] != guard.facts[1]:  # ranks that record it would wait for the others
-            raise unrecorded_problem(bool(guard.fact), outputs, self.modalities, self.group)
+        if guard.records_differ():  # ranks that record it would wait for the others
+            raise unrecorded_problem(records, outputs, self.modalities, self.group)
         return self._assemble(routes, text_embedded, arrived, moved)
 
     def _encode(self, routes: PassRoutes, moved: Dispatched, encoders, text_embedding, text_key):

@@ -87,9 +87,10 @@ class StepClock:
     def __init__(self, begun: bool = True):
         self.step, self.handed, self.again = StepToken(), False, not begun
 
-    def tell(self, guard) -> None:
-        """Before a dispatch's exchange: send `handed` with `guard`'s header."""
-        guard.tell(self.handed)
+    def tell(self, guard, records: bool = False) -> None:
+        """Before a dispatch's exchange: send `handed` with `guard`'s header (and whether this rank `records` the
+        exchange's backward: `SchemaGuard.tell`)."""
+        guard.tell(self.handed, records)
 
     def end(self) -> None:
         """After a dispatch of other routes, on a runtime that ends the step at once: the next step begins."""
