@@ -115,7 +115,8 @@ def brute_force_split(lengths, num_ranks, spec: ContextParallel, *, cost=None,
     if total > SPLIT_BRUTE_FORCE_MAX_PLANS:
         raise ValueError(f"brute force over {total} split plans exceeds SPLIT_BRUTE_FORCE_MAX_PLANS = "
                          f"{SPLIT_BRUTE_FORCE_MAX_PLANS}; use fewer items, ranks or degrees")
-    cap = math.inf if max_tokens_per_rank is None else max_tokens_per_rank
+    cap = as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True)
+    cap = math.inf if cap is None else cap
     best, best_plan = math.inf, None
     for plan in itertools.product(*per_item):
         if any(_clash(a, b) for a, b in itertools.combinations(plan, 2)):
@@ -144,6 +145,14 @@ def _check_fields(plan: ContextParallelPlan | SplitMicroBatchPlan, names: tuple[
     for name, dtype in [(name, np.int64) for name in names] + [("item_time", np.float64)]:
         if why := wrong_field(plan, name, n, dtype):
             _fail(plan, why)
+
+
+def _check_spec(plan: ContextParallelPlan | SplitMicroBatchPlan, spec: ContextParallel) -> None:
+    """AssertionError unless the plan says it was made with `spec` (probe57/58: a plan's `context_parallel` was
+    never compared, so a plan relabelled with another spec passed)."""
+    if plan.context_parallel != spec:
+        _fail(plan, f"was made with context_parallel={plan.context_parallel}, not the `spec` it is checked against, "
+                    f"{spec} (pass the plan's, `spec.on(topology)` where a topology was given)")
 
 
 def _fail(plan: ContextParallelPlan | SplitMicroBatchPlan, message: str) -> None:
@@ -214,6 +223,7 @@ def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: C
     if plan.num_ranks != num_ranks or plan.cost != cost:
         _fail(plan, f"was made for {plan.num_ranks} ranks and {plan.num_items} items with cost {plan.cost}")
     _check_fields(plan, ("assignment", "degree"), n)
+    _check_spec(plan, spec)
     _check_groups(plan, plan.assignment, spec, num_ranks)
     loads, tokens = (rows[0] for rows in _item_accounts(plan, plan.assignment, lengths, spec, cost))
     if not np.array_equal(loads, plan.loads) or not np.array_equal(tokens, plan.tokens):
@@ -415,6 +425,7 @@ def check_split_microbatch_plan(plan: SplitMicroBatchPlan, lengths, num_ranks: i
         _fail(plan, f"was made for (num_ranks, max_tokens_per_microbatch, microbatch_overhead, padded, pipeline) = "
                     f"{made}; expected {expected}")
     _check_fields(plan, ("rank", "microbatch", "degree"), n)
+    _check_spec(plan, spec)
     outside = np.flatnonzero((plan.microbatch < 0) | (plan.microbatch >= m))
     if outside.size:
         _fail(plan, f"item {outside[0]} is in micro-batch {plan.microbatch[outside[0]]}, outside [0, {m})")

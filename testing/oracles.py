@@ -21,7 +21,7 @@ import numpy as np
 
 from ..balancers import CostModel, InfeasibleError, Status, balance
 from ..balancers.problem import as_lengths, as_time_limit
-from ..balancers.validation import as_int
+from ..balancers.validation import as_bool, as_int
 
 BRUTE_FORCE_MAX_PLANS = 2**20
 """Largest D**n `brute_force` enumerates; larger instances raise ValueError."""
@@ -59,6 +59,14 @@ def _item_costs(lengths: np.ndarray, cost, costs) -> np.ndarray:
             raise ValueError(f"`costs` must be {lengths.size} finite non-negative numbers; got {costs!r}")
         return values
     return (CostModel() if cost is None else cost).item_costs(lengths)
+
+
+def _options(cost, max_tokens_per_rank) -> tuple:
+    """(cost, cap) checked as `balance` checks them: TypeError / ValueError naming the argument (a cap of -5 read as
+    "no plan fits", 'x' raised numpy's error, a cost model 'x' an AttributeError: probe58 U1's kind)."""
+    if cost is not None and not isinstance(cost, CostModel):
+        raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+    return cost, as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True)
 
 
 def _all_plans(num_items: int, num_ranks: int):
@@ -115,6 +123,8 @@ def brute_force(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_r
     [6.0, 7.0, 7.0]
     """
     lengths, num_ranks = as_lengths(lengths), as_int(num_ranks, "num_ranks", minimum=1)
+    cost, max_tokens_per_rank = _options(cost, max_tokens_per_rank)
+    padded, equal_counts = as_bool(padded, "padded"), as_bool(equal_counts, "equal_counts")
     if padded and costs is not None:
         raise ValueError("`costs` (explicit per-item costs) apply to the unpadded cost only")
     item_costs = _item_costs(lengths, cost, costs)
@@ -199,6 +209,7 @@ def padded_optimum(lengths, num_ranks, *, cost=None, max_tokens_per_rank=None) -
     (12.0, [1, 1, 1, 0], 12)
     """
     lengths, num_ranks = as_lengths(lengths), as_int(num_ranks, "num_ranks", minimum=1)
+    cost, max_tokens_per_rank = _options(cost, max_tokens_per_rank)
     order = sorted(range(lengths.size), key=lambda i: (-int(lengths[i]), i))
     sorted_lengths = [int(lengths[i]) for i in order]
     item_costs = (CostModel() if cost is None else cost).item_costs(np.array(sorted_lengths)).tolist()
@@ -237,7 +248,8 @@ def exact(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_rank=No
     """
     lengths, num_ranks = as_lengths(lengths), as_int(num_ranks, "num_ranks", minimum=1)
     as_time_limit(time_limit)  # refused at every size, not only where the solver runs (probe53 N8)
-    if padded:
+    _options(cost, max_tokens_per_rank)
+    if as_bool(padded, "padded"):
         return padded_optimum(lengths, num_ranks, cost=cost, max_tokens_per_rank=max_tokens_per_rank)
     if num_ranks**lengths.size <= BRUTE_FORCE_MAX_PLANS // 16:
         return brute_force(lengths, num_ranks, cost=cost, max_tokens_per_rank=max_tokens_per_rank)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from orchmllm import ContextParallel, balance, balance_microbatches
-from orchmllm.testing import check_microbatch_plan, check_plan, check_split_plan
-from orchmllm.testing.context_parallel import brute_force_split_microbatches, check_split_microbatch_plan
+from orchmllm.testing import brute_force, check_microbatch_plan, check_plan, check_split_plan, exact, padded_optimum
+from orchmllm.testing.context_parallel import (brute_force_split, brute_force_split_microbatches,
+                                               check_split_microbatch_plan)
 
 SPEC = ContextParallel(degrees=(1, 2), latency_s=0.0, seconds_per_cost=1.0)
 LENGTHS = [40, 5, 5]
@@ -83,3 +84,36 @@ def test_check_plan_refuses_a_list_assignment_and_names_a_bad_optimum():
         check_plan(dataclasses.replace(plan, assignment=plan.assignment.tolist()), [5, 4, 3, 3, 3], 2)
     with pytest.raises(TypeError, match=r"`optimum` must be of type Optimum .* or None; got float"):
         check_plan(plan, [5, 4, 3, 3, 3], 2, optimum=9.0)
+
+
+ORACLES = {"brute_force": brute_force, "exact": exact, "padded_optimum": padded_optimum,
+           "brute_force_split": lambda lengths, num_ranks, **options: brute_force_split(lengths, num_ranks, SPEC,
+                                                                                       **options)}
+
+
+@pytest.mark.parametrize("oracle", ORACLES.values(), ids=ORACLES.keys())
+@pytest.mark.parametrize("options, error, match", [
+    (dict(max_tokens_per_rank=-5), ValueError, r"`max_tokens_per_rank` must be >= 1; got -5"),
+    (dict(max_tokens_per_rank=2.5), TypeError, r"`max_tokens_per_rank` must be an int or None; got float"),
+    (dict(max_tokens_per_rank="x"), TypeError, r"`max_tokens_per_rank` must be an int or None; got str"),
+    (dict(cost="x"), TypeError, r"`cost` must be a CostModel( or None)?; got str"),
+], ids=["cap-negative", "cap-float", "cap-str", "cost-str"])
+def test_an_oracle_names_a_bad_cap_or_cost_rather_than_finding_no_plan(oracle, options, error, match):
+    with pytest.raises(error, match=match):
+        oracle([8, 2, 3], 2, **options)
+
+
+@pytest.mark.parametrize("oracle", [brute_force, exact], ids=["brute_force", "exact"])
+def test_an_oracle_names_a_padded_flag_that_is_no_bool(oracle):
+    with pytest.raises(TypeError, match=r"`padded` must be a bool; got int"):
+        oracle([8, 2, 3], 2, padded=1)
+
+
+def test_a_plan_made_with_another_spec_is_named(split_microbatch_plan):
+    other = ContextParallel(degrees=(1, 2), latency_s=1.0, seconds_per_cost=1.0)
+    relabelled = dataclasses.replace(split_microbatch_plan, context_parallel=other)
+    with pytest.raises(AssertionError, match=r"was made with context_parallel=.*latency_s=1.0.*not the `spec`"):
+        check_split_microbatch_plan(relabelled, LENGTHS, 2, SPEC, 25, optimum=None)
+    plan = balance(LENGTHS, 2, context_parallel=SPEC)
+    with pytest.raises(AssertionError, match=r"was made with context_parallel="):
+        check_split_plan(dataclasses.replace(plan, context_parallel=other), LENGTHS, 2, SPEC)
