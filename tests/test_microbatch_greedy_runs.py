@@ -41,7 +41,7 @@ def test_regression_the_sorted_search_weighed_each_item_alone(monkeypatch):
 def test_regression_a_run_put_its_cells_back_one_binary_insertion_each(monkeypatch):
     """A run's cells, each one item fuller, went back into their rows one `insort` each (a binary search over
     (load, cell) pairs and a move of the row above, ~1-2 us at D = 2560).  Now they leave their rows in slices and
-    come back in one rebuild of the row from its slices (`greedy_sweep._merge`)."""
+    come back in one rebuild of the row from its slices (`greedy_sweep.merge`)."""
     lengths = _pareto(64)
     problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=16384, cost=QUADRATIC)
     calls = []
@@ -95,12 +95,24 @@ def test_regression_a_run_for_more_micro_batches_placed_every_item_afresh(monkey
     run = state.run
     monkeypatch.setattr(state, "run", lambda self, *args: (placed.append(len(args[0]) if padded else args[-1]),
                                                             run(self, *args))[1])
+    for name in ("take_empties", "take_tops"):  # the runs to empty cells, and the items to the tops, without `run`
+        monkeypatch.setattr(greedy, name, _counting(getattr(greedy, name), placed))
     found = greedy.greedy_cells(problem, first + 1)
     expected = greedy._scan_greedy(problem, first + 1, sorted_order(problem.item_costs))
     assert (found is None) == (expected is None)
     if found is not None:
         np.testing.assert_array_equal(found, expected[0])
         assert sum(placed) == lengths.size - len(kept.snapshot.chosen)
+
+
+def _counting(take, placed: list):
+    """`take` (a `greedy_direct` placement), appending the items it placed to `placed`."""
+    def counted(rows, *args):
+        before = len(rows.chosen)
+        taken = take(rows, *args)
+        placed.append(len(rows.chosen) - before)
+        return taken
+    return counted
 
 
 def test_regression_auto_planned_each_m_on_a_fresh_copy_of_the_items(monkeypatch):

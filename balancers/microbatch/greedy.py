@@ -15,8 +15,9 @@ Where lengths do not grow along the order (every cost model's) a binary search p
 cell (`_sorted_greedy`, `_sorted_padded_greedy`), and a run of equal items takes its fits, and the least loaded
 cells after a rise, in a pass down or up a sorted row (`_Rows.run`, `greedy_sweep`; padded `_take_fits`,
 `_take_empties`, and once no filled cell fits, the rises and their fits a run of equal loads at a time:
-`greedy_filled.take_runs`); else every cell is weighed for every item (`greedy_scan`, O(n·M·D): at 2560 × 32
-10.4 CPU s, padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for
+`greedy_filled.take_runs`); unpadded items to empty cells and to the fullest cell that fits skip the search
+(`greedy_direct`); else every cell is weighed for every item (`greedy_scan`, O(n·M·D): at 2560 × 32 10.4 CPU s,
+padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for
 float.  A run answers other M, or starts the run for more micro-batches (`greedy_cells`).
 Original to orchmllm.  Heuristic: `microbatch_exact` proves small instances.
 """
@@ -32,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels.auto import in_given_order
+from .greedy_direct import take_empties, take_tops
 from .greedy_filled import take_runs
 from .greedy_rows import cut as _cut, first_above as _first_above, gathered as _gathered, tied as _tied
 from .greedy_scan import Cells, fresh_wins as _fresh_wins, scan_greedy as _scan_greedy  # noqa: F401 (Cells: the tests')
@@ -247,12 +249,22 @@ def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.
     done = len(state.chosen)
     ends = np.flatnonzero((costs[done + 1:] != costs[done:-1]) | (lengths[done + 1:] != lengths[done:-1])) + done + 1
     firsts = ([done] if done < problem.num_items else []) + ends.tolist()  # where each run of equal items starts
-    waiting, run_costs, run_lengths = state.waiting, costs[firsts].tolist(), lengths[firsts].tolist()
-    for first, end, cost, length in zip(firsts, ends.tolist() + [problem.num_items], run_costs, run_lengths):
+    bounds, cost_array, length_array = np.array(firsts + [problem.num_items]), costs[firsts], lengths[firsts]
+    waiting, items, run_costs, run_lengths = state.waiting, bounds.tolist(), cost_array.tolist(), length_array.tolist()
+    at, empty = 0, True  # empty: the last run's last item took an empty cell (its load its cost), or none yet
+    while at < len(firsts):
+        cost, length = run_costs[at], run_lengths[at]
         if waiting and -waiting[0][0] >= length:
             state.release(length)
-        if not state.run(cost, length, end - first):
+        taken = take_empties(state, cost_array, length_array, bounds, at) if empty and cost > 0.0 else 0
+        if taken:  # runs to one micro-batch's empty cells, many at once
+            at, empty = at + taken, False
+            continue
+        count = items[at + 1] - items[at]
+        count -= take_tops(state, cost, length, count) if cost > 0.0 else 0
+        if count and not state.run(cost, length, count):
             return None, state.fresh_won, state.snapshot if state.fresh_won else state  # the state it failed in
+        empty, at = state.loads[state.chosen[-1]] == cost, at + 1
     cells = in_given_order(np.array(state.chosen, dtype=np.int64), order)  # a list: numpy writes per item cost 3 %
     return cells, state.fresh_won, state.snapshot
 

@@ -22,7 +22,7 @@ from operator import itemgetter
 
 WHOLE = 8  # `_Group.take` takes whole loads at once where they hold this many cells
 _LOAD = itemgetter(0)  # a (load, cell) pair's load
-SPAN = 8  # `_merge` sorts a span of the row up to this many pairs per pair it merges
+SPAN = 8  # `merge` sorts a span of the row up to this many pairs per pair it merges
 
 
 def climb(state, m: int, cost: float, length: int, count: int) -> int:
@@ -153,7 +153,7 @@ class _Group:
         row = self.row
         del row[self.end:self.fit]
         del row[self.cut:self.cut + self.done]
-        _merge(row, sorted(self.back))
+        merge(row, sorted(self.back))
 
 
 def _lift(state, m: int, row: list, taken: int, cost: float, length: int) -> None:
@@ -171,10 +171,10 @@ def _lift(state, m: int, row: list, taken: int, cost: float, length: int) -> Non
             heapq.heappush(state.waiting, (tokens[cell] - cap, cell))
     state.chosen += [cell for _, cell in pairs]
     state.level[m] = max(state.level[m], pairs[-1][0] + cost)
-    _merge(row, back)
+    merge(row, back)
 
 
-def _merge(row: list, back: list) -> None:
+def merge(row: list, back: list) -> None:
     """`back` (sorted pairs) into `row`: the span of the row between its first and last one found by two binary
     searches and merged with them in one sort (most often the span is empty: they go in between two pairs); where
     the span is long, each one's place by a binary search and the row rebuilt once from its slices."""
