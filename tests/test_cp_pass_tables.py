@@ -61,7 +61,9 @@ def test_canonical_degrees_made_once_per_target_read_only():
     bound = allotment.bound()
     first = allotment.degrees_at(bound)
     assert allotment.degrees_at(bound) is first and not first.flags.writeable
-    assert np.array_equal(first, replace(allotment, canonical={}).degrees_at(bound))
+    copy = replace(allotment)
+    assert not copy.canonical and np.array_equal(first, copy.degrees_at(bound))
+    assert not replace(allotment, times=allotment.times * 2).canonical  # other times: none kept from these
 
 
 def _disjoint_by_ranks(starts: np.ndarray, degrees: np.ndarray, num_ranks: int) -> bool:

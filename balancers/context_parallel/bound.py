@@ -63,7 +63,8 @@ class Allotment:
     times: np.ndarray
     allowed: np.ndarray
     num_ranks: int
-    canonical: dict = field(default_factory=dict, repr=False)  # target -> `degrees_at(target)`
+    canonical: dict = field(default_factory=dict, init=False, repr=False)  # target -> `degrees_at(target)`; a copy
+    # (`dataclasses.replace`, e.g. of other times) starts empty
 
     def degrees_at(self, target: float) -> np.ndarray:
         """The canonical degree of every item at `target` (0 where a candidate fits none), read-only, made once per
