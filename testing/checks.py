@@ -10,6 +10,7 @@ from ..balancers import BalancePlan, ContextParallelPlan, CostModel, MicroBatchP
 from ..balancers.constraints.groups import as_groups
 from ..balancers.context_parallel.microbatch_plan import SplitMicroBatchPlan
 from ..balancers.problem import as_costs, as_lengths, as_num_ranks
+from ..balancers.validation import as_int
 from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact
 
 _AUTO = object()
@@ -121,6 +122,7 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     cost = CostModel() if cost is None and costs is None else cost  # explicit costs: the plan has no model
     n = lengths.size
     check_optimum_type(optimum, Optimum, "brute_force or exact")
+    cap = as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True)
     assignment = plan.assignment
     if plan.num_ranks != num_ranks or plan.padded != padded or plan.cost != cost:
         _fail(plan, f"was made for {plan.num_ranks} ranks, padded={plan.padded}, cost={plan.cost}; "
@@ -147,7 +149,6 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
         _fail(plan, why)
     if (plan.status is Status.OPTIMAL) != (makespan == bound):
         _fail(plan, f"status {plan.status} with makespan {makespan} and bound {bound}")
-    cap = max_tokens_per_rank
     if cap is not None and tokens.max() > cap:
         _fail(plan, f"rank {int(tokens.argmax())} holds {int(tokens.max())} tokens > max_tokens_per_rank={cap}")
     if equal_counts and (counts.min() < n // num_ranks or counts.max() > -(-n // num_ranks)):

@@ -19,7 +19,7 @@ import numpy as np
 from ..balancers import MicroBatchPlan, Status
 from ..balancers.pipeline.spec import simulated_exactly
 from ..balancers.problem import as_lengths, as_num_ranks
-from ..balancers.validation import as_int
+from ..balancers.validation import as_bool, as_int, as_real
 from .checks import (check_optimum_type, check_plan_type, items_of, rounding_apart, step_complaint,
                      wrong_field, wrong_status)
 from .oracles import _all_plans, _item_costs, _per_rank
@@ -77,6 +77,7 @@ def brute_force_microbatches(lengths, num_ranks, max_tokens_per_microbatch, num_
     num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
     m = as_int(num_microbatches, "num_microbatches", minimum=1)
+    padded, overhead = as_bool(padded, "padded"), as_real(microbatch_overhead, "microbatch_overhead")
     item_costs = _item_costs(lengths, cost, costs)
     cells = m * num_ranks
     best, best_plan = math.inf, None
@@ -89,7 +90,7 @@ def brute_force_microbatches(lengths, num_ranks, max_tokens_per_microbatch, num_
         rough = np.where(fits, maxima.sum(axis=1), math.inf)
         # np.sum may round differently from fsum: settle the near-minimal rows exactly.
         for row in np.flatnonzero(rough <= rough.min() * (1 + 1e-9)):
-            value = math.fsum(maxima[row].tolist() + [m * microbatch_overhead])
+            value = math.fsum(maxima[row].tolist() + [m * overhead])
             if value < best:
                 best, best_plan = value, plans[row].copy()
     if best_plan is None:

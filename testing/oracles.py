@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers import CostModel, InfeasibleError, Status, balance
+from ..balancers.constraints.groups import as_groups
 from ..balancers.problem import as_lengths, as_time_limit
 from ..balancers.validation import as_bool, as_int
 
@@ -58,15 +59,21 @@ def _item_costs(lengths: np.ndarray, cost, costs) -> np.ndarray:
         if values.shape != lengths.shape or not np.all(np.isfinite(values)) or np.any(values < 0):
             raise ValueError(f"`costs` must be {lengths.size} finite non-negative numbers; got {costs!r}")
         return values
-    return (CostModel() if cost is None else cost).item_costs(lengths)
+    return (CostModel() if _checked(cost) is None else cost).item_costs(lengths)
+
+
+def _checked(cost):
+    """`cost` unless it is neither a CostModel nor None: a TypeError naming it (probe58 U1's kind: an
+    AttributeError)."""
+    if cost is not None and not isinstance(cost, CostModel):
+        raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+    return cost
 
 
 def _options(cost, max_tokens_per_rank) -> tuple:
     """(cost, cap) checked as `balance` checks them: TypeError / ValueError naming the argument (a cap of -5 read as
     "no plan fits", 'x' raised numpy's error, a cost model 'x' an AttributeError: probe58 U1's kind)."""
-    if cost is not None and not isinstance(cost, CostModel):
-        raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
-    return cost, as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True)
+    return _checked(cost), as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True)
 
 
 def _all_plans(num_items: int, num_ranks: int):
@@ -129,6 +136,7 @@ def brute_force(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_r
         raise ValueError("`costs` (explicit per-item costs) apply to the unpadded cost only")
     item_costs = _item_costs(lengths, cost, costs)
     n = lengths.size
+    group_ids = None if groups is None else as_groups(groups, n)  # one id per item (probe58: [0] on 5 items passed)
     best, best_plan, fewest_tokens = math.inf, None, None
     for plans in _all_plans(n, num_ranks):
         allowed = np.ones(plans.shape[0], dtype=bool)
@@ -136,7 +144,6 @@ def brute_force(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_r
         if equal_counts:
             allowed &= np.all((counts == n // num_ranks) | (counts == -(-n // num_ranks)), axis=1)
         if groups is not None:
-            group_ids = np.asarray(groups)
             for group in np.unique(group_ids):
                 members = np.flatnonzero(group_ids == group)
                 allowed &= np.all(plans[:, members] == plans[:, members[:1]], axis=1)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from orchmllm import ContextParallel, balance, balance_microbatches
-from orchmllm.testing import brute_force, check_microbatch_plan, check_plan, check_split_plan, exact, padded_optimum
+from orchmllm.testing import (brute_force, brute_force_microbatches, check_microbatch_plan, check_plan,
+                              check_split_plan, exact, padded_optimum)
 from orchmllm.testing.context_parallel import (brute_force_split, brute_force_split_microbatches,
                                                check_split_microbatch_plan)
 
@@ -117,3 +118,18 @@ def test_a_plan_made_with_another_spec_is_named(split_microbatch_plan):
     plan = balance(LENGTHS, 2, context_parallel=SPEC)
     with pytest.raises(AssertionError, match=r"was made with context_parallel="):
         check_split_plan(dataclasses.replace(plan, context_parallel=other), LENGTHS, 2, SPEC)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: check_plan(balance([5, 4, 3], 2), [5, 4, 3], 2, max_tokens_per_rank="x"), TypeError,
+     r"`max_tokens_per_rank` must be an int or None; got str"),
+    (lambda: brute_force_microbatches([6, 5, 4], 2, 8, 2, cost="x"), TypeError, r"`cost` must be a CostModel or None"),
+    (lambda: brute_force_microbatches([6, 5, 4], 2, 8, 2, microbatch_overhead=-1), ValueError,
+     r"`microbatch_overhead` must be finite and >= 0; got -1"),
+    (lambda: brute_force_microbatches([6, 5, 4], 2, 8, 2, padded=1), TypeError, r"`padded` must be a bool; got int"),
+    (lambda: brute_force([5, 4, 3, 3, 3], 2, groups=[0]), ValueError, r"`groups` must hold one group id per item"),
+], ids=["check_plan-cap-str", "microbatch-cost-str", "microbatch-overhead-negative", "microbatch-padded-int",
+        "groups-too-few"])
+def test_more_oracle_arguments_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
