@@ -25,7 +25,12 @@ layout kept by one rank with no epoch since its last call while its peers make n
 by hand, with no collective and no loop between): the stale rank has no reason to swap a header, so it sends its
 payload where its peers send their header, and each posts receives sized from its own layout (gloo aborts the
 process on sizes that differ).  Make every rank's layouts alike: after a collective, or in the loops of the
-dispatcher and the multi-stage runtime, which count the epochs.
+dispatcher and the multi-stage runtime, which count the epochs.  Nor, for the same reason: a rank that lists a
+step's micro-batches alone between a forward and its activation-checkpoint recompute (its reached count moves, so
+its recompute swaps a header where its peers' does not: gloo aborts; list them before the loop, after the backward,
+or on every rank alike), and a rank of a split item's group that runs the attention in another grad mode than its
+peers (under `torch.no_grad`, or with inputs that need no grad, where they record): its peers' backward sends
+gradient rows it never receives, and its next call misreads them; run a group's attention in one grad mode.
 """
 
 from __future__ import annotations
