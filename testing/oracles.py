@@ -21,7 +21,7 @@ import numpy as np
 
 from ..balancers import CostModel, InfeasibleError, Status, balance
 from ..balancers.constraints.groups import as_groups
-from ..balancers.problem import as_lengths, as_time_limit
+from ..balancers.problem import Problem, as_lengths, as_time_limit
 from ..balancers.validation import as_bool, as_int
 
 BRUTE_FORCE_MAX_PLANS = 2**20
@@ -179,6 +179,8 @@ def brute_force_of(problem) -> Optimum:
     >>> brute_force_of(make_problem([5, 4, 3, 3, 3], 2, costs=[1, 1, 1, 1, 9])).makespan
     9.0
     """
+    if not isinstance(problem, Problem):
+        raise TypeError(f"`problem` must be a Problem (what make_problem returns); got {type(problem).__name__}")
     explicit = problem.cost is None
     return brute_force(problem.lengths, problem.num_ranks, cost=problem.cost, padded=problem.padded,
                        max_tokens_per_rank=problem.max_tokens_per_rank, equal_counts=problem.equal_counts,

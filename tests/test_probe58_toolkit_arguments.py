@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from orchmllm import ContextParallel, balance, balance_microbatches
-from orchmllm.testing import (brute_force, brute_force_microbatches, check_microbatch_plan, check_plan,
+from orchmllm.testing import (brute_force, brute_force_microbatches, brute_force_of, check_microbatch_plan, check_plan,
                               check_split_plan, exact, padded_optimum)
 from orchmllm.testing.context_parallel import (brute_force_split, brute_force_split_microbatches,
                                                check_split_microbatch_plan)
@@ -128,8 +128,9 @@ def test_a_plan_made_with_another_spec_is_named(split_microbatch_plan):
      r"`microbatch_overhead` must be finite and >= 0; got -1"),
     (lambda: brute_force_microbatches([6, 5, 4], 2, 8, 2, padded=1), TypeError, r"`padded` must be a bool; got int"),
     (lambda: brute_force([5, 4, 3, 3, 3], 2, groups=[0]), ValueError, r"`groups` must hold one group id per item"),
+    (lambda: brute_force_of(5), TypeError, r"`problem` must be a Problem \(what make_problem returns\); got int"),
 ], ids=["check_plan-cap-str", "microbatch-cost-str", "microbatch-overhead-negative", "microbatch-padded-int",
-        "groups-too-few"])
+        "groups-too-few", "brute_force_of-int"])
 def test_more_oracle_arguments_are_named(call, error, match):
     with pytest.raises(error, match=match):
         call()
