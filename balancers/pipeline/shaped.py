@@ -113,7 +113,7 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
     start, shape = offsets[slot_of], best_profile(pipeline, m)[1]
     pinned = overflowing(problem, pipeline, m, mean)
     pinned = min(pinned, d) if most else pinned
-    if pinned == 0 or pinned > d or m == 1:
+    if pinned == 0 or pinned > d or m == 1 or not mean > 0:  # mean 0: costs below float64's least (5e-324 / D)
         return np.repeat(start, d)
     k0 = int(np.argmin(start))  # the first placeholder of least offset (largest target): slot slot_of[k0]
     target = mean * shape
