@@ -303,7 +303,7 @@ def as_bool(value, name: str) -> bool:
 
 def _one_per_item(values, num_items: int, name: str, what: str, entry: str) -> np.ndarray:
     """`values` as a 1-D array with one `entry` per item (a sequence of `what`; read by `as_array`)."""
-    array = as_array(values, name, what)
+    array = as_numeric_array(values, name, what)
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size != num_items:

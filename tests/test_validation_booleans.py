@@ -24,3 +24,8 @@ def test_booleans_among_costs_are_refused():
 def test_booleans_among_per_item_costs_are_refused():
     with pytest.raises(TypeError, match=r"^`costs` must hold reals, not booleans$"):
         balance([1, 2, 3], 2, costs=[1.0, True, 2.0])
+
+
+def test_booleans_among_sources_are_refused():
+    with pytest.raises(TypeError, match=r"^`sources` must hold rank indices, not booleans$"):
+        balance([1, 2, 3], 2, sources=[0, True, 1])
