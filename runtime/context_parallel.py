@@ -60,6 +60,7 @@ from ..balancers.context_parallel.layout import chunk_sizes, shard_positions
 from ..balancers.validation import as_bool, as_index, as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
 from .comm import group_rank, group_size
+from .cp_flags import flag_column, gathered_valid
 from .cp_rows import ContextParallelError, check_rows, epoch, note_epoch
 from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 
@@ -418,59 +419,19 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     valid = None if key_padding_mask is None else ~key_padding_mask
     local = gathered = (key, value, valid)
     if exchange.buffer_rows or exchange.send_rows:
-        # each row's flag column: 1 where it is a key (0: padding), + 2 under a causal mask, so a peer's padding
-        # reaches ranks that pass no mask, and a peer of the group calling with another `causal` is found
+        # each row's flag column carries its padding and `causal` to the peers (`cp_flags`)
         check_rows(key, value, exchange, layout, _p2p)  # before a payload of another size aborts (`cp_rows`)
-        flags = (torch.ones(tokens, 1) if valid is None else valid[:, None]) + 2.0 * causal
-        rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), flags.to(key.dtype).to(key.device)],
+        rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), flag_column(tokens, valid, causal, key)],
                          dim=1)
         buffer = _GatherKeys.apply(rows, exchange, layout.group)
         gathered = (buffer[:, :key[0].numel()].reshape(-1, *key.shape[1:]),
                     buffer[:, key[0].numel():-1].reshape(-1, *value.shape[1:]),
-                    _gathered_valid(buffer[:, -1].detach() - 2.0 * causal, causal, exchange, layout.group,
+                    gathered_valid(buffer[:, -1].detach() - 2.0 * causal, causal, exchange, layout.group,
                                     key_padding_mask, every_call=len(layout.exchanges) > 1))
     outputs = [_attend(query, *(gathered if run.gathered else local), run, causal, scale) for run in exchange.runs]
     if not outputs:  # no token: an empty output that keeps q, k, v in the graph (every parameter gets a gradient)
         return (query.sum() + key.sum() + value.sum()) * value.new_zeros(0, query.shape[1], value.shape[2])
     return torch.cat(outputs)
-
-
-def _gathered_valid(flags: torch.Tensor, causal: bool, exchange: _Exchange, group, mask, every_call: bool
-                    ) -> torch.Tensor | None:
-    """Which gathered keys are no padding (None: all, the unmasked path), from their flags (1 key, 0 padding,
-    as `causal` is on every rank of the group).  The first call of an exchange (a layout and `causal`), or
-    `every_call` (a rank calling the layout with both `causal`s), reads the flags on the host: ContextParallelError
-    where a peer's flags say another `causal`, and whether there is padding.  Other calls read nothing (no host
-    sync per layer), but a `mask` other than the first call's is compared with it: a peer that found no padding
-    then attends unmasked, so no token may be padded that was not."""
-    agreed = exchange.agreed
-    if agreed and not every_call:
-        if mask is not agreed["mask"] and _pads_more(mask, agreed["mask"]):
-            raise ContextParallelError(
-                f"context-parallel attention on rank {group_rank(group)}: `key_padding_mask` pads tokens that it did "
-                f"not pad at the first call with this layout (causal={causal}), where its split items' groups "
-                f"({_partners(exchange)}) found their padding; pass every call of a micro-batch the same padding")
-        return flags == 1 if agreed["padding"] else None
-    bad, padded = torch.stack([((flags != 0) & (flags != 1)).any(), (flags == 0).any()]).tolist()
-    if bad:
-        raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)} with causal={causal}: a "
-                                   f"peer of its split items' groups ({_partners(exchange)}) called it with "
-                                   f"causal={not causal}; every rank of a split item's group must pass the same "
-                                   f"`causal`")
-    if not agreed:
-        agreed.update(mask=mask, padding=bool(padded))
-    return flags == 1 if padded else None
-
-
-def _pads_more(mask, first) -> bool:
-    """Whether key padding `mask` pads a token that `first` did not (None: no padding); a host read."""
-    if mask is None:
-        return False
-    return bool((mask if first is None else mask & ~first).any())
-
-
-def _partners(exchange: _Exchange) -> str:
-    return "; ".join(f"rank {peer}: {items}" for peer, items in sorted(exchange.peer_items.items()))
 
 
 def _check_inputs(query, key, value, layout, key_padding_mask) -> int:
