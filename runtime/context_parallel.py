@@ -42,7 +42,8 @@ group's ranks exchange, each with the peers the agreed layout names; a peer that
 never reached the call surfaces at the process group's timeout as `ContextParallelError`
 naming the items and groups; peers whose keys and values differ in dtype or shape raise it at
 once, before any payload (one header row per peer at a layout's first call, and at an earlier layout's
-first call in a new epoch of its group, where a stale layout is named: `cp_rows.py`).
+first call in a new epoch of its group, where a stale layout is named: `cp_rows.py`); peers of a group calling
+with other `causal`s or in other grad modes raise it at the first call in that mode (`cp_flags.py`).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class _Exchange:
     buffer_rows: int
     peer_items: dict  # peer -> "split item 7 on group (0, 1), ..." for error messages
     cache: dict = field(default_factory=dict)
-    agreed: dict = field(default_factory=dict)  # the first call's "mask", and whether its gathered keys had "padding"
+    agreed: dict = field(default_factory=dict)  # grad mode -> its first call's "mask", whether its keys had "padding"
     schemas: dict = field(default_factory=dict)  # row schema its peers agreed on -> the group's builds then
 
     def indices(self, device) -> dict:
@@ -405,7 +406,10 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     (each key's validity travels with it).  The first call with a layout and `causal` checks both on the
     host (one sync per micro-batch, not per layer: a rank that calls a layout with both `causal`s checks
     every call); later calls must pad no token the first did not (the same mask, or None), else that rank
-    raises ContextParallelError and its peers do at their next exchange with it.
+    raises ContextParallelError and its peers do at their next exchange with it.  The ranks of a group must also
+    run it in one grad mode (grad enabled with keys or values that need grad on all of them, or on none): the first
+    call with a layout in each mode reads the peers' mode with the flags, and ranks that differ there raise
+    ContextParallelError, not a later abort or misread keys (what is caught on one side only: `cp_flags`).
 
     >>> split = SplitItem(item=0, length=4, group=(0,))
     >>> layout = ContextParallelLayout.build([2, split], [split])
@@ -419,15 +423,16 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     valid = None if key_padding_mask is None else ~key_padding_mask
     local = gathered = (key, value, valid)
     if exchange.buffer_rows or exchange.send_rows:
-        # each row's flag column carries its padding and `causal` to the peers (`cp_flags`)
+        # each row's flag column carries its padding, `causal` and grad mode to the peers (`cp_flags`)
         check_rows(key, value, exchange, layout, _p2p)  # before a payload of another size aborts (`cp_rows`)
-        rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), flag_column(tokens, valid, causal, key)],
-                         dim=1)
+        records = torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)  # as _GatherKeys records
+        rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1),
+                          flag_column(tokens, valid, causal, records, key)], dim=1)
         buffer = _GatherKeys.apply(rows, exchange, layout.group)
         gathered = (buffer[:, :key[0].numel()].reshape(-1, *key.shape[1:]),
                     buffer[:, key[0].numel():-1].reshape(-1, *value.shape[1:]),
-                    gathered_valid(buffer[:, -1].detach() - 2.0 * causal, causal, exchange, layout.group,
-                                    key_padding_mask, every_call=len(layout.exchanges) > 1))
+                    gathered_valid(buffer[:, -1].detach(), causal, records, exchange, layout.group,
+                                   key_padding_mask, every_call=len(layout.exchanges) > 1))
     outputs = [_attend(query, *(gathered if run.gathered else local), run, causal, scale) for run in exchange.runs]
     if not outputs:  # no token: an empty output that keeps q, k, v in the graph (every parameter gets a gradient)
         return (query.sum() + key.sum() + value.sum()) * value.new_zeros(0, query.shape[1], value.shape[2])
