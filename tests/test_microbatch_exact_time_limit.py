@@ -4,7 +4,7 @@ where the limit buys them (probe22 P22-11: time_limit=0.1 ran 2.9 CPU s at 2560 
 import numpy as np
 import pytest
 
-from orchmllm import balance_microbatches
+from orchmllm import CostModel, balance_microbatches
 from orchmllm.balancers.microbatch import exact, greedy
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.study.models import MODELS
@@ -51,3 +51,14 @@ def test_regression_a_scanning_start_is_charged_its_cells(monkeypatch):
                          algorithm="exact", time_limit=0.01)
     assert starts == []
     assert greedy.scans(make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=budget, costs=costs))
+
+
+@pytest.mark.parametrize("time_limit, status", [(0.001, "time_limit"), (None, "optimal")])
+def test_regression_a_search_stopped_by_its_time_limit_says_time_limit(time_limit, status):
+    """Cause (fix61): the search's stop at a time limit's budget returned the incumbent as `feasible`, so
+    `check_microbatch_conformance("exact", time_limit=0.001)` refused the registry's own exact kernel (an exact kernel
+    may only stop at its limit); without a limit the same instance is proven."""
+    plan = balance_microbatches([3, 1, 2, 3, 2, 2, 1, 1, 3, 1], 2, max_tokens_per_microbatch=3, num_microbatches=4,
+                                cost=CostModel(per_item=0.0, linear=1.0, quadratic=0.37), microbatch_overhead=1.0,
+                                algorithm="exact", time_limit=time_limit)
+    assert plan.status.value == status and plan.lower_bound <= plan.step_cost

@@ -8,9 +8,9 @@ largest item) equals an earlier cell's of the same micro-batch.  A branch is cut
 Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan); above MAX_DEPTH items
 the search would recurse past Python's stack, and the incumbent comes back unproven.  Every
 node counts M·D cells against the budget (`cell_budget`: the work budget, or the time limit
-at CELLS_PER_SECOND): when it runs out the incumbent comes back as `feasible`, otherwise as proven `optimal` (or None:
-proven that nothing fits, or no
-packing found within the budget).  `packing_exists` settles whether any packing fits at all
+at CELLS_PER_SECOND): when it runs out the incumbent comes back as `feasible` (`time_limit` where the budget was the
+time limit's), otherwise as proven `optimal` (or None: proven that nothing fits, or no packing found within the
+budget).  `packing_exists` settles whether any packing fits at all
 (the M·D cells as interchangeable bins), for the errors that name the fewest M that fit.
 Original to orchmllm.
 """
@@ -110,9 +110,8 @@ def solve(problem: MicroBatchProblem, num_microbatches: int,
     try:
         descend(0, 0.0)
     except _Budget:
-        if best["cells"] is None:
-            return start
-        return microbatch_greedy.split(np.array(best["cells"], dtype=np.int64), d)
+        found = start if best["cells"] is None else microbatch_greedy.split(np.array(best["cells"], dtype=np.int64), d)
+        return found if found is None or problem.time_limit is None else found._replace(status=Status.TIME_LIMIT)
     if best["cells"] is None:  # nothing beats the incumbent; without one, nothing fits
         return None if start is None else start._replace(status=Status.OPTIMAL, lower_bound=best_cost)
     found = microbatch_greedy.split(np.array(best["cells"], dtype=np.int64), d)
