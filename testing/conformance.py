@@ -53,7 +53,7 @@ from ..balancers.plan import make_plan, run_kernel
 from ..balancers.validation import as_bool
 from .checks import check_plan, rounding_apart
 from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport, SuiteTarget, check_repeats,
-                      check_suite_arguments, compare_processes, fingerprint, run_properties, with_examples)
+                      check_suite_arguments, compare_processes, fingerprint, run_properties, same, with_examples)
 from .harness import suite_settings as _settings  # a property's source seeds its derandomized examples: kept as it was
 from .microbatch_conformance import MicroBatchConformanceReport, check_microbatch_conformance
 from .oracles import BRUTE_FORCE_MAX_PLANS, brute_force
@@ -374,7 +374,7 @@ def _properties(target: _Target, counts: dict, max_items: int, max_ranks: int, e
                     (list(case.lengths), np.array(case.lengths), np.array(case.lengths, dtype=np.int32),
                      list(case.lengths))]
         prints = [fingerprint(outcome) for outcome in outcomes]
-        if any(print_ != prints[0] for print_ in prints):
+        if not all(same(print_, prints[0]) for print_ in prints):
             raise ConformanceError(f"{target.name} is not deterministic: the same input gave "
                                    f"{[p[:2] for p in prints]} on four runs; input {_describe(case)}")
         if isinstance(outcomes[-1], BalancePlan):  # the last: its call's time is the target's `seconds`

@@ -40,7 +40,7 @@ from ..balancers.microbatch.api import balance_microbatches, make_microbatch_pro
 from ..balancers.microbatch.bounds import min_microbatches
 from ..balancers.microbatch.plan import MicroBatchPlan, checked_kernel, make_microbatch_plan
 from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport, SuiteTarget, check_repeats,
-                      check_suite_arguments, compare_processes, fingerprint, run_properties, suite_settings,
+                      check_suite_arguments, compare_processes, fingerprint, run_properties, same, suite_settings,
                       with_examples)
 from .microbatch import MicroBatchOptimum, brute_force_microbatches, check_microbatch_plan
 from .oracles import BRUTE_FORCE_MAX_PLANS
@@ -270,7 +270,7 @@ def check_microbatch_conformance(algorithm_or_kernel, *, max_items: int = 5, max
         plans = [target.run(case, lengths) for lengths in
                  (list(case.lengths), np.array(case.lengths), np.array(case.lengths, dtype=np.int32))]
         prints = [fingerprint(plan) for plan in plans]
-        if any(print_ != prints[0] for print_ in prints):
+        if not all(same(print_, prints[0]) for print_ in prints):
             raise ConformanceError(f"{target.name} is not deterministic: the same input gave "
                                    f"{[p[:2] for p in prints]} on three runs; input {case.describe()}")
         _certify_where_proven(target, case, plans[-1])  # the last: its call's time is the target's `seconds`
