@@ -34,6 +34,7 @@ import numpy as np
 from .spec import ContextParallel
 
 REL = 1e-9
+MAX_PIECES = 2.0 ** 53  # pieces k of a time kind: float64 counts them exactly
 """Relative margin on L, the time floors and D (float rounding of a rank's summed times and of Σ w)."""
 
 
@@ -73,8 +74,8 @@ class Pieces:
         times, shards = self.times[fitting, column], self.shards[fitting, column]
         kinds = [lambda t, s: t / (level * (1 + REL))]
         for k in {0, fitting.size // 2}:  # the least and the median piece time (none from a piece of no time)
-            if times[k] > 0:
-                pieces = max(1, int(np.ceil(level * (1 + REL) / times[k])) - 1)
+            if times[k] > 0:  # k at most MAX_PIECES (any k >= 1 gives a valid kind; the quotient may overflow)
+                pieces = max(1, int(min(np.ceil(float(level) * (1 + REL) / float(times[k])), MAX_PIECES)) - 1)
                 kinds.append(lambda t, s, k=pieces: _time_units(t, level, k))
             if 1 <= shards[k] <= self.budget:
                 kinds.append(lambda t, s, x=int(shards[k]): _token_units(s, self.budget, x))

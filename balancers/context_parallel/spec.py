@@ -219,7 +219,8 @@ class ContextParallel:
         shard = np.maximum(-(-lengths // degree), 1).astype(np.float64)
         efficiency = shard / (shard + self.half_efficiency_tokens)
         per_rank = c * efficiency
-        compute = unsplit / per_rank
+        with np.errstate(over="ignore"):  # costs near float64's top: inf, never chosen (`time` refuses it)
+            compute = unsplit / per_rank
         attention = self.seconds_per_cost * (cost.quadratic * length * length) / per_rank
         bandwidth = np.where(within_node, self.intra_node_bw_bytes_per_s, self.inter_node_bw_bytes_per_s)
         messages = self.num_layers * self.kv_passes
