@@ -346,10 +346,12 @@ def _p2p(sends: dict, recvs: dict, exchange: _Exchange, group, phase: str) -> No
 
 class _GatherKeys(torch.autograd.Function):
     """Forward: this rank's buffer of every split item's keys it attends to (own rows + peers').
-    Backward: each peer gets the gradient of the rows it sent; the owners sum what comes back."""
+    Backward: each peer gets the gradient of the rows it sent; the owners sum what comes back.  `anchor`, a scalar
+    that needs grad wherever grad is on, makes every rank record alike: a rank whose own keys need no grad (a frozen
+    LLM's text shard beside a peer's image tokens) still sends its peers the gradient of the keys it received."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, exchange: _Exchange, group) -> torch.Tensor:
+    def forward(ctx, rows: torch.Tensor, exchange: _Exchange, group, anchor: torch.Tensor) -> torch.Tensor:
         index = exchange.indices(rows.device)
         sends = {p: rows[index["send_rows"][p]] for p in exchange.send_rows}
         recvs = {p: rows.new_empty(len(exchange.recv_index[p]), rows.shape[1]) for p in exchange.recv_index}
@@ -373,7 +375,7 @@ class _GatherKeys(torch.autograd.Function):
         grad_rows[:, :keys].index_add_(0, index["own_rows"], grad[index["own_index"]])
         for peer, received in recvs.items():
             grad_rows[:, :keys].index_add_(0, index["send_rows"][peer], received)
-        return grad_rows, None, None
+        return grad_rows, None, None, None
 
 
 def _attend(query, key, value, valid, run: _Run, causal: bool, scale) -> torch.Tensor:
@@ -407,9 +409,10 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     host (one sync per micro-batch, not per layer: a rank that calls a layout with both `causal`s checks
     every call); later calls must pad no token the first did not (the same mask, or None), else that rank
     raises ContextParallelError and its peers do at their next exchange with it.  The ranks of a group must also
-    run it in one grad mode (grad enabled with keys or values that need grad on all of them, or on none): the first
-    call with a layout in each mode reads the peers' mode with the flags, and ranks that differ there raise
-    ContextParallelError, not a later abort or misread keys (what is caught on one side only: `cp_flags`).
+    run it in one grad mode (grad enabled on all of them, or on none; a rank whose keys need no grad, a frozen LLM's
+    text shard, still sends its peers the gradient of the keys it received): the first call with a layout in each
+    mode reads the peers' mode with the flags, and ranks that differ there raise ContextParallelError, not a later
+    abort or misread keys (what is caught on one side only: `cp_flags`).
 
     >>> split = SplitItem(item=0, length=4, group=(0,))
     >>> layout = ContextParallelLayout.build([2, split], [split])
@@ -425,10 +428,10 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     if exchange.buffer_rows or exchange.send_rows:
         # each row's flag column carries its padding, `causal` and grad mode to the peers (`cp_flags`)
         check_rows(key, value, exchange, layout, _p2p)  # before a payload of another size aborts (`cp_rows`)
-        records = torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)  # as _GatherKeys records
+        records = torch.is_grad_enabled()  # _GatherKeys records wherever grad is on: its anchor needs grad
         rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1),
                           flag_column(tokens, valid, causal, records, key)], dim=1)
-        buffer = _GatherKeys.apply(rows, exchange, layout.group)
+        buffer = _GatherKeys.apply(rows, exchange, layout.group, rows.new_zeros(()).requires_grad_(records))
         gathered = (buffer[:, :key[0].numel()].reshape(-1, *key.shape[1:]),
                     buffer[:, key[0].numel():-1].reshape(-1, *value.shape[1:]),
                     gathered_valid(buffer[:, -1].detach(), causal, records, exchange, layout.group,

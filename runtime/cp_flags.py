@@ -1,9 +1,10 @@
 """The flag column of a context-parallel K/V exchange's rows: made on the sender, read on the receiver.
 
 Each row a rank sends its group peers ends in one flag: 1 where the row is a key (0: padding), + 2 under a causal
-mask, + 4 where the exchange records its backward (grad enabled and keys or values that need grad: exactly when
-`_GatherKeys` records).  So a peer's padding reaches ranks that pass no mask, and a peer of the group calling with
-another `causal` or in another grad mode is found, with no message of its own: the first call of an exchange (a
+mask, + 4 where the exchange records its backward (grad enabled: `_GatherKeys` records there, whether or not this
+rank's keys need grad, so that a rank whose keys need none, a frozen LLM's text shard, still returns its peers'
+part).  So a peer's padding reaches ranks that pass no mask, and a peer of the group calling with another `causal`
+or in another grad mode is found, with no message of its own: the first call of an exchange (a
 layout and `causal`) in a grad mode reads the gathered flags on the host (one sync per micro-batch and grad mode,
 not per layer).  The flags are small integers, exact in every floating dtype the rows may have (bfloat16 included).
 
@@ -16,12 +17,12 @@ micro-batch (a `build`, the dispatcher's or the multi-stage runtime's). `agreed`
 whose mode changed on a kept layout reads again. Caught on one side only (a complete catch needs a host read at
 every call: one device sync per layer): a rank whose mode differs at a call that is not its peers' first in their
 mode (a layout kept across passes, as an RL loop's no-grad log-prob pass and then its training pass on the same
-micro-batch with one rank in the other mode; or one layer of a pass under no_grad, or with keys and values that need
-no grad, on one rank) raises at its first call on the layout in that mode (not at all where it read the layout in
-that mode before, with its peers alike), while its peers go on: a recording peer's backward then sends gradient rows
-that the raising rank's next call receives (gloo aborts, or misreads). And a pair whose exchange carries keys one
-way only (only a causal split item shorter than twice its group's size can make one): only the receiving rank
-raises, and its peer goes on to its next exchange.
+micro-batch with one rank in the other mode; or one layer of a pass under no_grad on one rank) raises at its first
+call on the layout in that mode (not at all where it read the layout in that mode before, with its peers alike),
+while its peers go on: a recording peer's backward then sends gradient rows that the raising rank's next call
+receives (gloo aborts, or misreads). And a pair whose exchange carries keys one way only (only a causal split item
+shorter than twice its group's size can make one): only the receiving rank raises, and its peer goes on to its next
+exchange.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ dispatcher and the multi-stage runtime, which count the epochs.  Nor, for the sa
 step's micro-batches alone between a forward and its activation-checkpoint recompute (its reached count moves, so
 its recompute swaps a header where its peers' does not: gloo aborts; list them before the loop, after the backward,
 or on every rank alike).  A rank of a split item's group that runs the attention in another grad mode than its
-peers (under `torch.no_grad`, or with keys and values that need no grad, where they record: their backward would
-send gradient rows it never receives, misread or aborting at its next call) is caught by the flags its rows carry
+peers (under `torch.no_grad` where they record: their backward would send gradient rows it never receives,
+misread or aborting at its next call) is caught by the flags its rows carry
 (`cp_flags`), at the first call on a layout in each grad mode: on every rank of the pair where that call is the
 first in their modes for all of them (a pass in another mode on layouts made for the micro-batch), on the changed
 rank only past it (a layout kept across passes, one layer in another mode); run a group's attention in one grad mode.
