@@ -492,7 +492,8 @@ def grad_mode_problem(what: str, records: bool, group) -> RuntimeError:
         (off, "under torch.no_grad (or inference_mode)"), (plain, "with differentiable=False")) if ranks)
     return RuntimeError(f"{what} (seen from rank {group_rank(group)}): ranks {on} run it with grad enabled and {why}, "
                         f"so ranks {on} would wait in their backward's reverse exchange until the collective timeout; "
-                        f"run it in the same grad mode on every rank, and with the same `differentiable`")
+                        f"run it in the same grad mode on every rank, and with the same `differentiable` (in "
+                        f"evaluation too: the exchange cannot know whether a backward follows)")
 
 
 _ANCHOR = torch.zeros((), requires_grad=True)  # an input that records the exchange's node where none other would

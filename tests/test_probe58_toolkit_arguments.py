@@ -3,7 +3,6 @@ AttributeError, numpy's error, or "no plan fits" for a typo (probe58 U1)."""
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from orchmllm import ContextParallel, balance, balance_microbatches

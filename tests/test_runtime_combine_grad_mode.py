@@ -36,5 +36,6 @@ def test_regression_combine_under_no_grad_on_some_ranks_is_named_on_every_rank_n
         assert refused == (f"combine (seen from rank {o.rank}): ranks [0] run it with grad enabled and ranks [1] under "
                            f"torch.no_grad (or inference_mode), so ranks [0] would wait in their backward's reverse "
                            f"exchange until the collective timeout; run it in the same grad mode on every rank, and "
-                           f"with the same `differentiable`"), refused
+                           f"with the same `differentiable` (in evaluation too: the exchange cannot know whether a "
+                           f"backward follows)"), refused
         assert isinstance(trained, float), trained

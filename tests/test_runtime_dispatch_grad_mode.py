@@ -9,7 +9,6 @@ from orchmllm.runtime import PostBalancingDispatcher
 from orchmllm.runtime.launch import run_processes
 
 
-
 def _job(rank, size):
     dispatcher = PostBalancingDispatcher()
     weight = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
@@ -38,6 +37,7 @@ def test_regression_dispatch_in_other_grad_modes_on_some_ranks_is_named_on_every
         *refused, trained = o.value
         assert refused == [f"dispatch (seen from rank {o.rank}): ranks [0] run it with grad enabled and ranks [1] "
                            f"{how}, so ranks [0] would wait in their backward's reverse exchange until the collective "
-                           f"timeout; run it in the same grad mode on every rank, and with the same `differentiable`"
+                           f"timeout; run it in the same grad mode on every rank, and with the same `differentiable` "
+                           f"(in evaluation too: the exchange cannot know whether a backward follows)"
                            for how in ("under torch.no_grad (or inference_mode)", "with differentiable=False")], refused
         assert isinstance(trained, float), trained

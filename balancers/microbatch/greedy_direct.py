@@ -122,26 +122,6 @@ def _below(row: list, top: float, cost: np.ndarray, bar: np.ndarray) -> np.ndarr
     return (fit == 0) | ((loads[np.maximum(fit - 1, 0)] + cost) - top < bar)
 
 
-def _back(state, cost: np.ndarray, length: np.ndarray, bar: np.ndarray, fits: np.ndarray) -> list:
-    """The waiting cells that come back within the runs (room for the last one's length), off the heap; `fits` False
-    from the first run for which one of them is a fit with an excess of at least `bar` (the empty cell's)."""
-    waiting, back = state.waiting, []
-    while waiting and -waiting[0][0] >= length[-1]:
-        back.append(heapq.heappop(waiting))
-    if back:
-        room = -np.array([key for key, _ in back])
-        loads = np.array([state.loads[cell] for _, cell in back])
-        tops = np.array([state.level[cell // state.d] for _, cell in back])
-        # weighed run by run: those that fit the last (least) cost, and whose slack load - level is not below the
-        # empty cell's, -level, by more than the rounding of the excesses could make up
-        error = 2.0 ** -45 * (float(loads.max()) + float(cost[0]) + float(tops.max()) + (float(cost[0]) - bar[0]))
-        near = ((loads + cost[-1]) - tops <= 0.0) & ((loads - tops) - (bar[0] - cost[0]) >= -error)
-        room, loads, tops = room[near], loads[near], tops[near]
-        excess = (loads[:, None] + cost[None, :]) - tops[:, None]
-        fits &= ~((length[None, :] <= room[:, None]) & (excess <= 0.0) & (excess >= bar[None, :])).any(axis=0)
-    return back
-
-
 def _fill(state, m: int, item_costs: np.ndarray, item_lengths: np.ndarray) -> None:
     """The items, in turn, to micro-batch m's lowest empty cells: loads, tokens, the cells taken; each back into the
     row where it has room for the last item, else to the waiting heap (as the runs' `release`s would leave it)."""

@@ -14,7 +14,7 @@ Where its step meets the bound no plan is faster: the planner returns it at once
 Elsewhere it is dropped unused (its cost: one LPT and one walk), so no plan is slower than without it.
 
 k: the fewest runnable micro-batches whose best shape's bound τ_k·X̄_k is at most FEWER_LEVEL of the certified
-bound (τ_k falls as k grows: bisected); chosen on seeds 410-419 (D 2560 x 32 and 512 x 32 / x 16, the five mixes,
+bound (τ_k falls as k grows: bisected); chosen on seeds 410-415 (D 2560 x 32 and 512 x 32 / x 16, the five mixes,
 P 4 / 8, 1F1B and interleaved): at 0.92 the first count that met the bound on every default D 2560 row (k = 11,
 τ_k·X̄ 0.90-0.91 of it; k = 10, 0.94-0.95, met it on 2 of 6), speech and long from the fewest.
 """

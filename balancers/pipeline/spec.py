@@ -27,6 +27,9 @@ class Pipeline:
     c / (P · (1 + k)) forward and k times that backward on every stage, k = `backward_factor`
     (2: a backward pass costs about twice a forward; at most `MAX_BACKWARD_FACTOR` = 1e6).  The model is cut
     into at most `MAX_MODEL_CHUNKS` = 128 chunks (P · v): the schedule's operations grow with P · v · M.
+    A plan keeps every cell within its token budget but may leave the last micro-batches empty (1F1B and interleaved,
+    where the largest item's chain sets the step: `pipeline.fewer`), so the tokens a replica has in flight over P
+    consecutive micro-batches can be higher than an even spread over M would give: size the budget to memory.
 
     >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(8)
     8

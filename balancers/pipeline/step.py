@@ -65,7 +65,6 @@ def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray
     return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
 
 
-
 def start_cells(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
                 accounts: tuple | None) -> tuple[np.ndarray, np.ndarray | None]:
     """A planner's start's cells (cost, tokens), (D, M): `cell_costs` of its `cell_accounts` where given, else the
