@@ -34,8 +34,8 @@ import numpy as np
 from .spec import ContextParallel
 
 REL = 1e-9
-MAX_PIECES = 2.0 ** 53  # pieces k of a time kind: float64 counts them exactly
 """Relative margin on L, the time floors and D (float rounding of a rank's summed times and of Σ w)."""
+MAX_PIECES = 2.0 ** 53  # pieces k of a time kind: float64 counts them exactly
 
 
 def _time_units(times: np.ndarray, level: float, pieces: int) -> np.ndarray:
