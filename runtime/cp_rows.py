@@ -115,8 +115,8 @@ def _shown(words: list[int]) -> str:
     return f"{str(dtype).removeprefix('torch.')} keys {tuple(key)}, values {tuple(value)} (heads, dim)"
 
 
-def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device, splits: int = 0,
-               made: int = 0) -> None:
+def agree_rows(schema: tuple[int, ...], exchange, group, p2p, device: torch.device, splits: int, made: int
+               ) -> None:
     """Swap `schema`'s header row (with the layout's epoch, `made`, and `splits`, its `splits_digest`) with every
     peer of `exchange` through `p2p` (the call's point-to-point exchange), on `device` (the payload rows': NCCL
     moves no CPU tensor); ContextParallelError naming the peers whose rows, epoch or split items differ, on both

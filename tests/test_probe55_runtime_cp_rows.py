@@ -118,5 +118,5 @@ def test_the_header_rows_ride_on_the_payloads_device():
         raise LookupError("stop before the host read: meta tensors hold no data")
 
     with pytest.raises(LookupError):
-        agree_rows((1, 1, 2, 1, 2), Exchange, None, p2p, torch.device("meta"))
+        agree_rows((1, 1, 2, 1, 2), Exchange, None, p2p, torch.device("meta"), 0, 0)
     assert seen == [{"meta"}]
