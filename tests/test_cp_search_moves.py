@@ -102,12 +102,12 @@ def test_search_moves_in_place(monkeypatch):
 
 
 def test_search_checks_no_lengths_again(monkeypatch):
-    """Shards are read from the problem's checked lengths: lengths are checked only by `rank_accounts` when the
-    search starts (one call per split degree in the plan), not per move (before: at every move and weighing)."""
+    """Shards are read from the problem's checked lengths: lengths are checked at most once when the search
+    starts, not per move (before: at every move and weighing)."""
     problem, spec, start, degree = _searched_plan()
     checks, moves = _counted(monkeypatch, layout, "_as_lengths"), _counted(monkeypatch, search._State, "apply")
     search.improve(problem, spec, GPUS, start, degree, 0.0)
-    assert len(moves) >= 5 and len(checks) == 1
+    assert len(moves) >= 5 and len(checks) <= 1
 
 
 def test_unchecked_shards_are_shard_tokens():

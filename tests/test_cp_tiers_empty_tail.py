@@ -15,6 +15,26 @@ from orchmllm.balancers.problem import make_problem
 from orchmllm.tests.test_cp_layout_structures import COST, GPUS, _reference_two_tiers, _same_layout
 
 
+def _record_dealt(monkeypatch, dealt) -> None:
+    """Call `dealt(j)` for every item j that joins a group's token rooms in `tiers._deal` (its pending items,
+    whether `_Rooms.add` or the deal's inline fast path put it there): the items dealt, not calls to one method."""
+    class Pending(list):
+        def append(self, j):
+            dealt(j)
+            super().append(j)
+
+    class Groups(dict):
+        def __setitem__(self, s, items):
+            super().__setitem__(s, Pending(items))
+
+    init = tiers._Rooms.__init__
+
+    def recording_init(self, *args):
+        init(self, *args)
+        self.pending = Groups({s: Pending(items) for s, items in self.pending.items()})
+    monkeypatch.setattr(tiers._Rooms, "__init__", recording_init)
+
+
 def _giants_short_and_empty_items(seed: int, cap: int | None):
     """4 giants, 900 short items and 600 empty ones on 64 ranks, shuffled."""
     rng = np.random.default_rng(seed)
@@ -31,8 +51,8 @@ def test_regression_empty_items_were_checked_for_token_room(seed, cap, monkeypat
     groups parked when the empty items come), and none."""
     problem, spec, times, long = _giants_short_and_empty_items(seed, cap)
     reference = _reference_two_tiers(problem, spec, times, long, 0.0, planner.water_level)
-    added, add, deals, deal = [], tiers._Rooms.add, [], tiers._deal
-    monkeypatch.setattr(tiers._Rooms, "add", lambda self, s, j: added.append(j) or add(self, s, j))
+    added, deals, deal = [], [], tiers._deal
+    _record_dealt(monkeypatch, added.append)
     monkeypatch.setattr(tiers, "_deal", lambda *args: deals.append(args[6]) or deal(*args))
     found = tiers.two_tiers(problem, spec, GPUS, times, long, 0.0, planner.water_level)
     _same_layout(found, reference)
@@ -46,18 +66,17 @@ def test_regression_deals_over_the_groups_tokens_were_made():
     problem = replace(make_problem(rng.integers(20_000, 130_000, 24), 64, cost=COST), max_tokens_per_rank=32_768)
     spec, long = ContextParallel(gpus_per_node=GPUS), np.arange(24)
     times = planner.TimeTable(problem, spec, GPUS, long)
-    added, add, deal = {}, tiers._Rooms.add, tiers._deal  # alone items (k) -> items dealt in that deal
+    added, deal = {}, tiers._deal  # alone items (k) -> items dealt in that deal
 
     def counted_deal(*args):
         added[args[6]] = 0
         return deal(*args)
 
-    def counted_add(self, s, j):
+    def counted(j):
         added[next(reversed(added))] += 1  # the deal being made
-        return add(self, s, j)
 
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(tiers._Rooms, "add", counted_add)
+        _record_dealt(monkeypatch, counted)
         monkeypatch.setattr(tiers, "_deal", counted_deal)
         found = tiers.two_tiers(problem, spec, GPUS, times, long, 0.0, planner.water_level)
     assert found is None and _reference_two_tiers(problem, spec, times, long, 0.0, planner.water_level) is None

@@ -11,7 +11,7 @@ from ..plan import BalancePlan, integral, rounded_down
 from ..problem import Problem, Status, token_sums
 from ..validation import as_index
 from .blocks import groups_disjoint, within_node
-from .layout import shard_tokens
+from .layout import shards_of
 from .spec import ContextParallel
 
 
@@ -108,7 +108,7 @@ def rank_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, s
     shards = problem.lengths[items]
     for c in np.flatnonzero(np.bincount(degree[degree > 1])).tolist():  # the split degrees (`np.unique`'s, faster)
         pairs = np.flatnonzero(degree[items] == c)
-        shards[pairs] = shard_tokens(problem.lengths[items[pairs[::c]]], c).ravel()
+        shards[pairs] = shards_of(problem.lengths[items[pairs[::c]]], c).ravel()  # the problem's checked lengths
     return loads, token_sums(ranks, shards, problem.num_ranks), item_time
 
 
