@@ -255,3 +255,11 @@ def planned_passes(monkeypatch):
 
     monkeypatch.setattr(microbatch, "_plan_pass", counted)
     return calls
+
+
+@pytest.fixture
+def fewer_start_off(monkeypatch):
+    """A call keeps a pipeline test to the path it pins: on its instance the start on fewer micro-batches
+    (`balancers/pipeline/fewer.py`, fd730f9) would meet the bound first and end the planning there.  Undone by
+    `monkeypatch.undo()`: call it again after one."""
+    return lambda: monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)

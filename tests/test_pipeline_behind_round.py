@@ -15,11 +15,10 @@ from orchmllm.study.workloads import sample_workload
 COST = MODELS["84b"].llm.cost(causal=True)
 
 
-def test_regression_a_search_dropped_after_its_first_round_was_made(monkeypatch):
+def test_regression_a_search_dropped_after_its_first_round_was_made(monkeypatch, fewer_start_off):
     """D = 2560 x 32, M = 32, 1F1B, seed 29: two searches were made (the shaped start's one round, then dropped; the
     reordered start's, kept), now one; the plan is the one made with both."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     rounds, run_rounds = [], search.CellSearch.rounds
     monkeypatch.setattr(search.CellSearch, "rounds", lambda self: rounds.append(1) or run_rounds(self))
     lengths = sample_workload("default", 2560, 32, 29).sample_llm_length
@@ -66,12 +65,11 @@ def test_a_search_certified_behind_after_a_round_ends_behind(pipeline):
     assert held >= 3, held
 
 
-def test_regression_the_reordered_start_was_made_whole_to_show_it_behind(monkeypatch):
+def test_regression_the_reordered_start_was_made_whole_to_show_it_behind(monkeypatch, fewer_start_off):
     """D = 2560 x 32, M = 32, interleaved, seed 29: the reordered plain cells, not searched (every replica ~24 % above
     the rival), were reordered on all 2560 replicas and their items placed (~5 ms of ~50) to time ~440 rows; now
     those rows alone are reordered (`planner._mountain_rows`); the same plan as making it (test_pipeline_moves_kept)."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     reordered, mountain = [], planner.mountain
     monkeypatch.setattr(planner, "mountain", lambda cost: reordered.append(cost.shape[0]) or mountain(cost))
     lengths = sample_workload("default", 2560, 32, 29).sample_llm_length
@@ -81,12 +79,11 @@ def test_regression_the_reordered_start_was_made_whole_to_show_it_behind(monkeyp
     assert plan.pipeline.step_time < plan.pipeline.unaware_step_time
 
 
-def test_regression_the_reordered_rows_shown_behind_were_a_walk_of_their_own(monkeypatch):
+def test_regression_the_reordered_rows_shown_behind_were_a_walk_of_their_own(monkeypatch, fewer_start_off):
     """D = 2560 x 32, M = 32, interleaved, seed 29: `_behind_for_good` timed the reordered plain cells' ~440 rows of
     largest sums in a walk of its own (one walk's fixed cost, ~1 ms); they are timed in the starts' walk now
     (`planner._reordered_rows`, M >= AHEAD_FROM·P), and the plan is the one their own walk gave."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     walks, inside, timed, shown_behind = [], [], planner._timed, planner._behind_for_good
     monkeypatch.setattr(planner, "_timed", lambda *args: walks.append(bool(inside)) or timed(*args))
 

@@ -35,7 +35,7 @@ def test_regression_one_item_a_cell_at_2560_replicas_meets_the_bound(schedule, v
     assert int(plan.microbatch.max()) < 32  # the last slots empty
 
 
-def test_a_start_that_misses_the_bound_changes_no_plan(monkeypatch):
+def test_a_start_that_misses_the_bound_changes_no_plan(monkeypatch, fewer_start_off):
     """The long_tail mix at D = 512 x 32, M = 32, P = 8, 1F1B: the start is made (the chain holds the bound) and
     runs above the bound, so it is dropped: the plan is the one made without it, bit for bit."""
     lengths = sample_workload("long_tail", 512, 32, 410).sample_llm_length
@@ -52,7 +52,7 @@ def test_a_start_that_misses_the_bound_changes_no_plan(monkeypatch):
     monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", spy)
     ours = plan()
     assert len(made) == 1 and made[0] is not None and ours.pipeline.status is Status.FEASIBLE
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     without = plan()
     for name in ("rank", "microbatch"):
         np.testing.assert_array_equal(getattr(ours, name), getattr(without, name))

@@ -24,15 +24,15 @@ def _same(new, old):
 
 
 @pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved", 2)])
-def test_regression_the_slower_shaped_start_ran_its_lpt_over_every_item(monkeypatch, schedule, virtual):
+def test_regression_the_slower_shaped_start_ran_its_lpt_over_every_item(monkeypatch, fewer_start_off, schedule,
+                                                                        virtual):
     """Regression (planning time at D = 2560 x 32, M = 16, issue 28): two shaped starts are made where more than D
     items overflow, and 1F1B and interleaved search only the faster, yet both ran LPT over all 81 920 items (~3 ms
     each at D = 2560).  The first's first M·D choices (half the items here) bound its cells from below, and on its
     probe replicas already run longer than the second's step: it is not made (one `lpt_shaped` call, not two), and
     the plan, its replica times and the PP-unaware step are those of making both.  The speech mix: its D largest
     items hold PINNED_SHARE of the work or more (on the default mix, `shaped.second_alone`: no bound is made)."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     from orchmllm.balancers.pipeline import planner
 
     lengths = sample_workload("speech", 512, 32, seed=7).sample_llm_length

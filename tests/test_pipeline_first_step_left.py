@@ -27,11 +27,10 @@ def test_before_the_first_step_the_most_steps_the_budget_buys_bound_what_they_ga
     assert found._little_left(0, found.work) is little
 
 
-def test_regression_a_run_made_a_step_whose_budget_could_gain_little(monkeypatch):
+def test_regression_a_run_made_a_step_whose_budget_could_gain_little(monkeypatch, fewer_start_off):
     """D = 2560 x 32, M = 32, interleaved, seed 7: `run` made 1 step (the parent), now none; the plan within
     STOP_GAP of the one made with the step."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     steps, step, left = [], search.CellSearch._step, search.CellSearch._little_left
     monkeypatch.setattr(search.CellSearch, "_step", lambda self, r: steps.append(r) or step(self, r))
     lengths = sample_workload("default", 2560, 32, 7).sample_llm_length

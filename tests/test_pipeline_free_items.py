@@ -48,13 +48,12 @@ def test_regression_the_search_moved_and_timed_the_empty_items(monkeypatch, rank
             <= 1 + empty.sum() // (16 * ranks))
 
 
-def test_regression_items_of_cost_0_holding_tokens_ran_the_capped_lpt(monkeypatch):
+def test_regression_items_of_cost_0_holding_tokens_ran_the_capped_lpt(monkeypatch, fewer_start_off):
     """Regression (probe23 P23-08, costs= 0 on items holding tokens): the shaped start's LPT over every item overflowed
     the budget and its capped LPT ran a round per item (25 CPU s at D = 512 x 32, 90 % such items, against 0.12 s for
     the others alone).  Now they are dealt after the planning of the others: the same rows evaluated, the same step,
     every cell within the budget."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     rows, timed = [], search.CellSearch.evaluate
     monkeypatch.setattr(search.CellSearch, "evaluate", lambda self, cells: rows.append(len(cells[0])) or
                         timed(self, cells))

@@ -38,11 +38,10 @@ def test_a_budget_that_buys_a_step_for_every_replica_is_never_little():
     assert not _search(times, 1000)._little_left(1, 1100)
 
 
-def test_regression_a_run_near_tied_at_the_top_spent_its_budget_on_them(monkeypatch):
+def test_regression_a_run_near_tied_at_the_top_spent_its_budget_on_them(monkeypatch, fewer_start_off):
     """D = 2560 x 32, M = 16, 1F1B, seed 309: `run` made 32 steps (the parent), now 1; the plan within STOP_GAP of the
     one made with every step."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     steps, step = [], search.CellSearch._step
     monkeypatch.setattr(search.CellSearch, "_step", lambda self, r: steps.append(r) or step(self, r))
     lengths = sample_workload("default", 2560, 32, 309).sample_llm_length

@@ -54,20 +54,19 @@ def _run_walks(monkeypatch, seed, microbatches, schedule):
 
 @pytest.mark.parametrize("microbatches, schedule, most, moves", [(16, "1f1b", 400, 1920),
                                                                   (32, "interleaved", 600, 4096)])
-def test_regression_a_step_timed_every_move_row(monkeypatch, microbatches, schedule, most, moves):
+def test_regression_a_step_timed_every_move_row(monkeypatch, fewer_start_off, microbatches, schedule, most, moves):
     """Regression (issue 28, held-out seed 29, D = 2560 x 32: 1.62x the plain planning at M = 16, 1F1B; 3.6x at
     M = 32, interleaved): each of `run`'s steps walked its swaps (120; 496), r's rows without each of its items and its
     move rows (1920; 4096) at once, most of the search's time; 256 and 1920 of those moves may be the step's choice,
     the others end above a time a swap or another move surely reaches, and at M = 32 the 128 of the item of least
     own time, timed first, leave none.  The same plan as timing every move.  LEFT_RATE 0: `run` makes its steps (at
     M = 32, interleaved, what the steps its budget buys could gain is too little for the first, `_little_left`)."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     monkeypatch.setattr(search, "LEFT_RATE", 0)
     plan, walks = _run_walks(monkeypatch, 29, microbatches, schedule)
     assert walks and max(walks) <= most  # the parent: one walk a step of swaps, r's rows and every move (2070; 4624)
     monkeypatch.undo()
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     monkeypatch.setattr(search, "LEFT_RATE", 0)
     _every_move(monkeypatch)
     every, every_walks = _run_walks(monkeypatch, 29, microbatches, schedule)
@@ -103,13 +102,12 @@ def test_the_moves_kept_give_the_plan_of_every_move(pipeline, data):
     assert np.array_equal(step.replica_times, every_step.replica_times)
 
 
-def test_regression_a_search_that_cannot_reach_its_rival_ran_a_round(monkeypatch):
+def test_regression_a_search_that_cannot_reach_its_rival_ran_a_round(monkeypatch, fewer_start_off):
     """Regression (issue 28, D = 2560 x 32, M = 32, interleaved, seeds 7/11/13/29: 2.3-3.9x the plain planning on
     13 and 29): the search from the reordered plain cells, every replica ~24 % above the shaped start's search (its
     rival), had its other replicas timed and ran a round (~4 + ~6 ms CPU), then was dropped; a search lowers at most
     ~440 replicas there (`lowered_at_most`), so it is not made.  The same plan as making it."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     made, make = [], search.CellSearch.__init__
     monkeypatch.setattr(search.CellSearch, "__init__", lambda self, *args: made.append(1) or make(self, *args))
     lengths = sample_workload("default", 2560, 32, 29).sample_llm_length

@@ -37,11 +37,10 @@ def _plan(monkeypatch, schedule, reach=True):
     return plan, runs
 
 
-def test_regression_a_search_behind_its_rival_stepped_until_its_budget_ran_out(monkeypatch):
+def test_regression_a_search_behind_its_rival_stepped_until_its_budget_ran_out(monkeypatch, fewer_start_off):
     """Regression: the search from the second start (above the first's end on most replicas) took ~11 500 rows of
     steps, then was dropped; then none (`_out_of_reach`), and now it is not made (`_behind_for_good`)."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     _, runs = _plan(monkeypatch, "interleaved")
     assert [rows for rows, behind in runs if behind] == []
     with monkeypatch.context() as patched:
@@ -52,15 +51,14 @@ def test_regression_a_search_behind_its_rival_stepped_until_its_budget_ran_out(m
 
 
 @pytest.mark.parametrize("schedule, saves", [("interleaved", True), ("gpipe", False)])
-def test_the_same_plan_as_stepping_on(monkeypatch, schedule, saves):
+def test_the_same_plan_as_stepping_on(monkeypatch, fewer_start_off, schedule, saves):
     """The plan, bit for bit, of the searches stepping on to their budget's end (the rules never fire wrongly; GPipe
     searches its start by heights alone here, with no rival to fall behind): the searches left out are those that
     ended behind."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     plan, runs = _plan(monkeypatch, schedule)
     monkeypatch.undo()
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     before, runs_before = _plan(monkeypatch, schedule, reach=False)
     assert (sum(rows for rows, _ in runs) < sum(rows for rows, _ in runs_before)) == saves
     assert [behind for _, behind in runs] == [behind for _, behind in runs_before if not behind or not saves]
@@ -87,16 +85,15 @@ def _rounds_at_2560(monkeypatch, hopeless=True):
     return plan, charged
 
 
-def test_regression_rounds_behind_their_rival_spent_their_whole_budget(monkeypatch):
+def test_regression_rounds_behind_their_rival_spent_their_whole_budget(monkeypatch, fewer_start_off):
     """Regression (issue 28, held-out seed 11 at M = 32: 1.52x the plain planning): the shaped start, 5 % above the
     reordered one (its rival), ran its rounds to their whole budget (4 rows per replica, ~8 ms), lowering it 0.4 %,
     then was dropped; its rounds now stop after the first, whose gain kept up for the budget left stays behind
     (`_hopeless`, as `run`'s windows): the same plan, bit for bit."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     plan, charged = _rounds_at_2560(monkeypatch)
     monkeypatch.undo()
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     before, charged_before = _rounds_at_2560(monkeypatch, hopeless=False)
     assert [behind for _, behind in charged] == [behind for _, behind in charged_before] == [True, False]
     assert charged[0][0] <= 2 < charged_before[0][0] and charged[1] == charged_before[1]

@@ -311,13 +311,12 @@ def test_search_spends_no_work_once_within_stop_gap_of_the_bound(monkeypatch):
     assert plan.pipeline.step_time < plan.pipeline.unaware_step_time
 
 
-def test_no_search_once_a_plan_meets_the_certified_bound(monkeypatch):
+def test_no_search_once_a_plan_meets_the_certified_bound(monkeypatch, fewer_start_off):
     """Regression (planning time at D = 2560, M = 8, interleaved: 3.4x -> 1.7x the plain step): the search stopped
     within STOP_GAP of τ·X̄ only, below the certified bound where the largest item's chain sets it, so a start or
     a search already at the bound (no plan is faster) was searched on: here the shaped start meets it at M = 8
     (two searches ran), the first search at M = 16 (two ran).  Now none and one run; the plans are the same."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     from orchmllm.balancers.pipeline.search import CellSearch
     from orchmllm.study.models import MODELS
 
@@ -396,15 +395,15 @@ def test_regression_walks_of_a_reordered_gpipe_start_and_of_searches_that_lose(m
 
 
 @pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved", 2)])
-def test_regression_the_shaped_start_not_searched_was_timed_on_every_replica(monkeypatch, schedule, virtual):
+def test_regression_the_shaped_start_not_searched_was_timed_on_every_replica(monkeypatch, fewer_start_off, schedule,
+                                                                             virtual):
     """Regression (planning time at D = 2560 x 32, M = 16, issue 28): where more than D items overflow, two shaped
     starts are made and only the faster is searched (1F1B, interleaved), yet both were timed on every replica
     (here 192 rows with the plain cells').  The first (offsets alone) is timed on its PROBE_ROWS replicas of
     largest cells and sums now (144 rows), every one where none of them runs longer than the second's step; the
     plan is the one timing every replica gives (PROBE_ROWS large).  Both made as where the D largest are heavy
     (`shaped.second_alone` off: on this light mix the second is made alone)."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     from orchmllm.balancers.pipeline import planner, schedules
     from orchmllm.study.models import MODELS
 

@@ -154,13 +154,12 @@ def test_regression_a_round_timed_the_replicas_several_items_left_in_a_walk_of_t
     assert np.array_equal(plans[0].pipeline.replica_times, plans[1].pipeline.replica_times)
 
 
-def test_regression_a_round_sorted_every_item_of_the_slow_replicas_to_bound_the_untimed(monkeypatch):
+def test_regression_a_round_sorted_every_item_of_the_slow_replicas_to_bound_the_untimed(fewer_start_off):
     """Regression (planning time at D = 2560 x 32, a fixed M, issue 28): to leave items untimed, a round sorted all the
     slow replicas' items (960 at M = 16, 1F1B) for each group's ROUND_ITEMS-th least bound max(time, landing), which is
     the group's time wherever ROUND_ITEMS items land at most there.  Now only groups with fewer are sorted: here none,
     each round sorting its promises and its offers alone (`_least_per_group`); the same items timed."""
-    # kept to the path pinned here: the start on fewer micro-batches (`fewer`) meets the bound first
-    monkeypatch.setattr("orchmllm.balancers.pipeline.fewer.fewer_start", lambda *args: None)
+    fewer_start_off()
     from orchmllm.balancers.pipeline import search
     from orchmllm.study.models import MODELS
 
