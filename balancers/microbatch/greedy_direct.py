@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from operator import itemgetter
 
 import numpy as np
 
@@ -111,7 +112,7 @@ def _below(row: list, top: float, cost: np.ndarray, bar: np.ndarray) -> np.ndarr
     least = (row[0][0] + cost) - top
     if (least > 0.0).all():
         return least > 0.0
-    loads = np.array([load for load, _ in row])
+    loads = np.fromiter(map(itemgetter(0), row), dtype=np.float64, count=len(row))
     fit = np.searchsorted(loads, top - cost, side="right")
     while True:  # rounding: the first load whose excess is > 0
         down = (fit > 0) & ((loads[np.maximum(fit - 1, 0)] + cost) - top > 0.0)
