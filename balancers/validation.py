@@ -173,9 +173,13 @@ def as_numeric_array(values, name: str, what: str) -> np.ndarray:
 
 
 def _holds_bool(values: list | tuple) -> bool:
-    """Whether a Python sequence (nested lists and tuples too) holds a bool or a numpy bool."""
+    """Whether a Python sequence (nested lists and tuples too) holds a bool, a numpy bool, or a 0-d array or tensor
+    of a bool dtype (probe59 B1: `[np.array(True), 3]` and `[torch.tensor(True), 3]` were read as `[1, 3]`)."""
     kinds = set(map(type, values))
     if bool in kinds or np.bool_ in kinds:
+        return True
+    arrays = {kind for kind in kinds if hasattr(kind, "dtype") and not issubclass(kind, np.generic)}
+    if arrays and any(str(value.dtype) in ("bool", "torch.bool") for value in values if type(value) in arrays):
         return True
     return bool(kinds & {list, tuple}) and any(_holds_bool(value) for value in values if type(value) in (list, tuple))
 
