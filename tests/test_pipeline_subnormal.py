@@ -1,5 +1,6 @@
 """Pipeline plans of subnormal costs (probe53 N2): the offsets' rounding unit stays a positive float, so planning
-leaks no numpy RuntimeWarning (it underflowed to 0 and divided by it)."""
+leaks no numpy RuntimeWarning (it underflowed to 0 and divided by it); and of costs ~1e300 below the micro-batch
+overhead (probe59 P1), where the offsets count more units than float64 holds."""
 
 import warnings
 
@@ -20,6 +21,19 @@ def test_subnormal_costs_plan_without_warnings(schedule):
                                     num_microbatches=4, pipeline=Pipeline(stages=2, schedule=schedule,
                                                                virtual_stages=1 if schedule == "1f1b" else 2))
     check_microbatch_plan(plan, lengths, 2, 400, costs=[5e-324] * len(lengths))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_regression_costs_far_below_the_overhead_plan_without_a_numpy_error(schedule):
+    """probe59 P1: costs 1e-300 beside an overhead of 1 made the shaped start's offsets / unit inf, NaN slot counts
+    in the LPT runs and numpy's "negative dimensions are not allowed"; that start is now not made."""
+    lengths = [1] * 30 + [5]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = balance_microbatches(lengths, 2, costs=[1e-300] * 31, max_tokens_per_microbatch=5, num_microbatches=4,
+                                    microbatch_overhead=1.0, pipeline=Pipeline(
+                                        stages=4, schedule=schedule, virtual_stages=1 if schedule == "1f1b" else 2))
+    check_microbatch_plan(plan, lengths, 2, 5, costs=[1e-300] * 31)
 
 
 def test_rounding_unit():

@@ -24,14 +24,19 @@ SECOND_PREFIX = 4  # the second start's cells from below take its LPT's first 4�
 FEW_PREFIX = 0.75  # the first's, where at most M·D items (one a cell or fewer), the first 3/4 of its choices
 
 
-def _layout(problem: MicroBatchProblem, m: int, pipeline: Pipeline, mean: float) -> tuple:
+def _layout(problem: MicroBatchProblem, m: int, pipeline: Pipeline, mean: float) -> tuple | None:
     """`lpt_shaped`'s (offsets per placeholder, their unit, the placeholders' base, slot_of): cell k·D + r holds
-    the k-th placeholder (by -(base + offset), index), run in slot slot_of[k]."""
+    the k-th placeholder (by -(base + offset), index), run in slot slot_of[k]; None where the offsets count more
+    units than float64 holds (the overhead ~1e300 times the costs, probe59 P1: no shaped start, it would hold NaN)."""
     shape = best_profile(pipeline, m)[1]
     offsets = mean * (shape.max() - shape)
     top = float(problem.sorted_costs[0]) if problem.num_items else 0.0
     unit = rounding_unit(problem.sorted_costs)
-    offsets = np.round(offsets / unit) * unit
+    with np.errstate(over="ignore"):
+        offsets = offsets / unit
+    if not np.isfinite(offsets).all():
+        return None
+    offsets = np.round(offsets) * unit
     base = 2.0 * top if top > 0 else 1.0
     return offsets, unit, base, np.lexsort((np.arange(m), -(base + offsets)))
 
@@ -42,14 +47,16 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     and their `cell_accounts` (loads, tokens), (M, D) each, where the integer LPT below summed them (else None):
     LPT over all M·D cells within the budget (`microbatch.cells.lpt_cells`), the D cells of slot k starting
     X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = `mean` = Σ c / D + M·o), replica r running cell
-    k·D + r in slot k; None where LPT finds no room.  The placeholders cost 2·max c + the offsets rounded to
-    2**-30 of max c (to whole units below 2**30 where the costs are integers), so integer costs stay on LPT's
-    integer keys (`lpt`: loads below 2**53 units); there, and where the cells fit the budget uncapped, the
-    same LPT runs from the offsets as start loads (`lpt.greedy_from`), without the placeholders, its exact
-    sums the cells' costs.  The start loads are raised where items overflow a cell (`_starts`; `most`: where more
+    k·D + r in slot k; None where LPT finds no room or the offsets overflow (`_layout`).  The placeholders cost
+    2·max c + the offsets rounded to 2**-30 of max c (to whole units below 2**30 where the costs are integers), so
+    integer costs stay on LPT's integer keys (`lpt`: loads below 2**53 units); there, and where the cells fit the
+    budget uncapped, the same LPT runs from the offsets as start loads (`lpt.greedy_from`), without the
+    placeholders, its exact sums the cells' costs.  The start loads are raised where items overflow a cell (`_starts`; `most`: where more
     than D do, the D largest)."""
     m, d = num_microbatches, problem.num_ranks
-    offsets, unit, base, slot_of = _layout(problem, m, pipeline, mean)
+    if (layout := _layout(problem, m, pipeline, mean)) is None:
+        return None
+    offsets, unit, base, slot_of = layout
     replica_of, slot_of_cell = np.tile(np.arange(d), m), np.repeat(slot_of, d)
     start = _starts(problem, pipeline, mean, offsets, slot_of, unit, most)
     greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, start, problem.lengths)
@@ -156,7 +163,9 @@ def first_from_below(problem: MicroBatchProblem, num_microbatches: int, pipeline
         int(FEW_PREFIX * problem.num_items)
     if problem.num_items <= count:
         return None
-    offsets, unit, base, slot_of = _layout(problem, m, pipeline, mean)
+    if (layout := _layout(problem, m, pipeline, mean)) is None:
+        return None
+    offsets, unit, base, slot_of = layout
     start = _starts(problem, pipeline, mean, offsets, slot_of, unit, most)
     prefix = greedy_prefix(problem.sorted_costs, cells, start, count, base)
     if prefix is None:
