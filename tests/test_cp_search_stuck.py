@@ -33,7 +33,7 @@ def test_a_plan_the_shortcut_returns_is_the_one_the_search_returns(monkeypatch, 
     """Every search of the split planner on giant mixes: where `_stuck` holds, the search without it makes no move."""
     searched, improve, stuck = [0, 0], split.improve, search._stuck
 
-    def checked(problem, spec, gpus, start, degree, bound):
+    def checked(problem, spec, gpus, start, degree, bound, item_time=None):
         accounts = rank_accounts(problem, spec, gpus, start, degree)
         if float(accounts[0].max()) > bound and stuck(problem, spec, start, degree, accounts):
             monkeypatch.setattr(search, "_stuck", lambda *args: False)
@@ -42,7 +42,7 @@ def test_a_plan_the_shortcut_returns_is_the_one_the_search_returns(monkeypatch, 
             assert np.array_equal(found[0], start) and np.array_equal(found[1], degree)
             searched[1] += 1
         searched[0] += 1
-        return improve(problem, spec, gpus, start, degree, bound)
+        return improve(problem, spec, gpus, start, degree, bound, item_time)
 
     monkeypatch.setattr(split, "improve", checked)
     for lengths, num_ranks in ((giants(16, 8, seed), 16), (mixed(16, 16, seed), 16), (giants(8, 4, seed), 8)):

@@ -65,6 +65,7 @@ class Allotment:
     num_ranks: int
     canonical: dict = field(default_factory=dict, init=False, repr=False)  # target -> `degrees_at(target)`; a copy
     # (`dataclasses.replace`, e.g. of other times) starts empty
+    found: list = field(default_factory=list, init=False, repr=False)  # `bound()`, once made (a copy starts empty)
 
     def degrees_at(self, target: float) -> np.ndarray:
         """The canonical degree of every item at `target` (0 where a candidate fits none), read-only, made once per
@@ -87,7 +88,8 @@ class Allotment:
         return others.sum_with(least[np.arange(index.size), index])
 
     def bound(self) -> float:
-        """T*: the smallest T at which every item fits a degree and the canonical work is <= D · T.
+        """T*: the smallest T at which every item fits a degree and the canonical work is <= D · T, made once (a
+        micro-batch's bound and its plan ask for it: `microbatch._PassPlans`).
 
         The interval is found on running float sums, then confirmed on exact sums (fsum).
 
@@ -96,6 +98,12 @@ class Allotment:
         >>> a.bound(), a.degrees_at(a.bound()).tolist()
         (9.5, [2, 1, 1])
         """
+        if not self.found:
+            self.found.append(self._bound())
+        return self.found[0]
+
+    def _bound(self) -> float:
+        """`bound`, made."""
         d = self.num_ranks
         least = least_work(self.times, self.degrees, self.allowed)
         smallest = np.where(self.allowed, self.times, np.inf).min(axis=1)

@@ -69,7 +69,8 @@ from .plan import ContextParallelPlan
 from .regroup import regroup
 from .repair import repaired_grouping
 from .spec import ContextParallel
-from .split import allot, allowed_degrees, balance_split
+from .bound import Allotment
+from .split import balance_split, pass_allotment
 from .microbatch_bound import split_bound
 from .packing_bound import Pieces, raised_floors
 
@@ -104,16 +105,16 @@ FLOOR_SLACK = 1e-9
 
 
 def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: ContextParallel, cost,
-               budget: int, checked: bool = False) -> ContextParallelPlan | None:
+               budget: int, checked: bool = False, allotment: Allotment | None = None) -> ContextParallelPlan | None:
     """The split plan of `items` in one micro-batch (the split planner within the budget); None when it finds
     no layout within the budget, or when none exists (`dual_feasible.py`: not planned then; a third of the
     passes at T = 16k on the long workload's step, D = 2560 x 16, spill probes above all); `checked`: that
-    certificate was judged already (and failed to rule the items out)."""
+    certificate was judged already (and failed to rule the items out); `allotment`: their `pass_allotment`."""
     if not checked and cannot_lay_out(lengths[items], num_ranks, np.array(spec.degrees, dtype=np.int64), budget):
         return None
     try:
         return balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
-                             time_limit=None, topology=None, unsupported={}, warn=False)
+                             time_limit=None, topology=None, unsupported={}, warn=False, allotment=allotment)
     except InfeasibleError:
         return None
 
@@ -123,7 +124,7 @@ class _PassPlans:
     for the same micro-batch again (the long workload at D = 2560 x 16, T = 64k: 14 plans of 8 sets)."""
 
     def __init__(self, lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int):
-        self.lengths, self.context, self.plans, self.bounds = lengths, (num_ranks, spec, cost, budget), {}, {}
+        self.lengths, self.context, self.plans, self.allotments = lengths, (num_ranks, spec, cost, budget), {}, {}
         self.certified: dict[bytes, bool] = {}  # `certified_none` of each set, judged once
         self.packed: dict[bytes, Pieces] = {}
 
@@ -135,8 +136,9 @@ class _PassPlans:
     def __call__(self, items: np.ndarray) -> ContextParallelPlan | None:
         key = self.key(items)
         if key not in self.plans:  # the certificate judged once per set, here or by `certified_none`
-            self.plans[key] = None if self.certified_none(items) else _plan_pass(self.lengths, items, *self.context,
-                                                                                 True)
+            allotment = None if self.certified_none(items) else self.allotment(items)
+            self.plans[key] = None if allotment is None else _plan_pass(self.lengths, items, *self.context, True,
+                                                                        allotment)
         return self.plans[key]
 
     def certified_none(self, items: np.ndarray) -> bool:
@@ -152,19 +154,19 @@ class _PassPlans:
                                                  budget)
         return self.certified[key]
 
+    def allotment(self, items: np.ndarray) -> Allotment | None:
+        """`pass_allotment` of `items`, made once per set: for its plan and its bound (the fills' deferrals ask
+        for the bounds of sets planned before or after: zeros_giants, D = 512 x 16, seed 11: 31 of 35)."""
+        key = self.key(items)
+        if key not in self.allotments:
+            self.allotments[key] = pass_allotment(self.lengths[items], *self.context)
+        return self.allotments[key]
+
     def bound(self, items: np.ndarray) -> float:
         """The split planner's bound of `items` in one micro-batch, below its plan's peak (0 where it has none),
         made once per set (the fills' deferrals ask for the same sets again: 3 of 10 at T = 64k)."""
-        key = self.key(items)
-        if key not in self.bounds:
-            num_ranks, spec, cost, budget = self.context
-            problem = make_problem(self.lengths[items], num_ranks, cost=cost)
-            try:
-                self.bounds[key] = allot(problem, spec, allowed_degrees(spec, num_ranks, spec.gpus_per_node),
-                                         spec.gpus_per_node, budget).bound()
-            except InfeasibleError:
-                self.bounds[key] = 0.0
-        return self.bounds[key]
+        allotment = self.allotment(items)
+        return 0.0 if allotment is None else allotment.bound()
 
     def pieces(self, items: np.ndarray) -> Pieces:
         """`items` in one micro-batch for the packing bound (`packing_bound.py`), made once per `key`."""

@@ -84,13 +84,15 @@ def water_level(loads: np.ndarray, work: float) -> float:
 
 
 def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment, bound: float,
-           long: np.ndarray, layouts: dict | None = None) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
+           long: np.ndarray, layouts: dict | None = None,
+           times: TimeTable | None = None) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
     """(block starts, degrees, target, the ranks' (loads, tokens)) of the best layout on the ladder above
     the bound (None when none has token room): the items `long` laid out, the others' starts -1.
-    `layouts`: the layouts of the targets, shared by calls with more `long` items (`place_groups`)."""
+    `layouts`: the layouts of the targets, shared by calls with more `long` items (`place_groups`); `times`: the
+    `TimeTable` of `long`, where the caller made it."""
     best, best_estimate, overflowed, tiered = None, math.inf, True, ()  # (): two tiers not weighed yet
     roomless = 0  # the targets in a row without token room
-    times = TimeTable(problem, spec, gpus_per_node, long, allotment)
+    times = TimeTable(problem, spec, gpus_per_node, long, allotment) if times is None else times
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     # no item splits at the bound, yet more whole items cost over half of it than there are ranks (`split.plan_split`)
     crowded_only = spec.degrees[0] == 1 and 2 in spec.degrees and not (allotment.degrees_at(bound) > 1).any()
@@ -206,22 +208,47 @@ def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) ->
 
 def split_layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment,
                  bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """(block starts, degrees) of every item (`laid_out`)."""
+    return laid_out(problem, spec, gpus_per_node, allotment, bound)[:2]
+
+
+def laid_out(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment,
+             bound: float) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(block starts, degrees) of every item: the long ones laid out, the rest dealt; where the
     deal finds no token room, every item laid out (an unsplit item that fits no rank then joins
-    a group, split).  InfeasibleError when no layout meets the budget.
+    a group, split).  InfeasibleError when no layout meets the budget.  Third: every item's time on its block
+    (`plan.split_times`), read from the layout's table (`TimeTable.placed`), or None where it does not hold them.
 
     Laid out first: the split items and the unsplit ones dearer than LAYOUT_SHARE of the bound."""
     long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound))
     layouts = {} if long.size < problem.num_items else None
     for items in (long, np.arange(problem.num_items)):
-        laid = layout(problem, spec, gpus_per_node, allotment, bound, items, layouts)
+        times = TimeTable(problem, spec, gpus_per_node, items, allotment)
+        laid = layout(problem, spec, gpus_per_node, allotment, bound, items, layouts, times)
         if laid is not None:
             start, degree, target, accounts = laid
             start = fill(problem, start, target, accounts)
             if start is not None:
-                return start, degree
+                return start, degree, _item_time(problem, times, items, start, degree)
         if long.size == problem.num_items:  # every item was laid out already: the same layout again
             break
     cap = problem.max_tokens_per_rank
     raise InfeasibleError(f"the split planner found no layout of the items within max_tokens_per_rank={cap}; "
                           f"a larger budget, larger degrees or `allow_inter_node` may fit", min_cap=2 * cap)
+
+
+def _item_time(problem: Problem, times: TimeTable, items: np.ndarray, start: np.ndarray,
+               degree: np.ndarray) -> np.ndarray | None:
+    """`plan.split_times` of the plan (start, degree) whose laid-out `items` are those of the table `times`, the
+    others dealt unsplit: the table's times of `items` (`TimeTable.placed`), the others' costs; None where the table
+    does not hold them (a split item not in `items`, or a block the table did not assume)."""
+    item_time = problem.item_costs.copy()
+    others = np.ones(problem.num_items, dtype=bool)
+    others[items] = False
+    if np.any(degree[others] != 1):
+        return None
+    placed = times.placed(items, start[items], degree[items])
+    if placed is None:
+        return None
+    item_time[items] = placed
+    return item_time

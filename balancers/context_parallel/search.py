@@ -357,11 +357,12 @@ def _stuck(problem: Problem, spec: ContextParallel, start: np.ndarray, degree: n
 
 
 def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
-            bound: float) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`.
+            bound: float, item_time: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`
+    (`item_time`: the plan's item times, where the caller has them: the layout's table, `planner.laid_out`).
     A plan at the bound, or one no move can lower (`_stuck`), is returned as it is, `start` and `degree` themselves
     (the search would stop before its first move)."""
-    accounts = rank_accounts(problem, spec, gpus_per_node, start, degree)
+    accounts = rank_accounts(problem, spec, gpus_per_node, start, degree, item_time)
     if float(accounts[0].max()) <= bound or _stuck(problem, spec, start, degree, accounts):
         return start, degree, accounts
     state = _State(problem, spec, gpus_per_node, start, degree, bound, accounts)

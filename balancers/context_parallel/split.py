@@ -34,7 +34,7 @@ from .bound import Allotment
 from .plan import ContextParallelPlan, certify
 from .exact import exact_split
 from .pairing import crowded
-from .planner import split_layout
+from .planner import laid_out
 from .search import improve
 from .spec import DEFAULT_DEGREES, ContextParallel
 
@@ -149,11 +149,12 @@ def _wrap(plan, problem: Problem, spec: ContextParallel, gpus_per_node: int,
 
 
 def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_tokens_per_rank, time_limit,
-                  topology, unsupported, warn: bool = True) -> ContextParallelPlan:
+                  topology, unsupported, warn: bool = True, allotment: Allotment | None = None) -> ContextParallelPlan:
     """`balance` with `context_parallel` (see `balancers.api.balance`): `topology` (validated
     against num_ranks, or None) gives the node size and links; `unsupported` names the options
     that cannot be combined with splitting; `warn`: of a unit cost (`warn_unit_cost`; the micro-batch
-    planner, which warned already, passes False)."""
+    planner, which warned already, passes False); `allotment`: `allot`'s of these items, made already (the
+    micro-batch planner's, `pass_allotment`)."""
     if not isinstance(context_parallel, ContextParallel):
         raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
     for name, value in unsupported.items():
@@ -177,7 +178,20 @@ def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_
                          f"baseline without `context_parallel` (or with degrees=(1,))")
     if warn:  # the input checked: a plan follows
         spec.warn_unit_cost(cost)
-    return plan_split(capped, spec, allot(problem, spec, degrees, gpus, cap), lambda: _plain(capped, record, algorithm))
+    if allotment is None:
+        allotment = allot(problem, spec, degrees, gpus, cap)
+    return plan_split(capped, spec, allotment, lambda: _plain(capped, record, algorithm))
+
+
+def pass_allotment(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int) -> Allotment | None:
+    """`allot` of a micro-batch's items (int64 `lengths`, `spec` on its topology) within `budget` tokens a rank, as
+    `balance_split` makes it; None where it raises InfeasibleError (their tokens exceed the ranks', or an item fits
+    no degree)."""
+    try:
+        return allot(make_problem(lengths, num_ranks, cost=cost), spec,
+                     allowed_degrees(spec, num_ranks, spec.gpus_per_node), spec.gpus_per_node, budget)
+    except InfeasibleError:
+        return None
 
 
 def split_stage(lengths, num_ranks, spec: ContextParallel, cost, max_tokens_per_rank, plain) -> ContextParallelPlan:
@@ -239,10 +253,10 @@ def _planned(problem: Problem, spec: ContextParallel, allotment: Allotment, boun
              clock: float) -> tuple[ContextParallelPlan | None, InfeasibleError | None]:
     """(the split planner's plan after the local search, None; or None, its refusal)."""
     try:
-        start, degree = split_layout(problem, spec, spec.gpus_per_node, allotment, bound)
+        start, degree, item_time = laid_out(problem, spec, spec.gpus_per_node, allotment, bound)
     except InfeasibleError as error:
         return None, error
-    blocks = improve(problem, spec, spec.gpus_per_node, start, degree, bound)
+    blocks = improve(problem, spec, spec.gpus_per_node, start, degree, bound, item_time)
     return _certified(problem, spec, blocks, bound, clock), None
 
 

@@ -1,0 +1,73 @@
+"""Work one split-planner pass shares instead of making again gives the same arrays (issues 24 / 26, speed only): the
+plan's item times read from the layout's table for the local search, and a micro-batch's allotment and bound made
+once for its bound and its plan."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from orchmllm import ContextParallel, CostModel
+from orchmllm.balancers.context_parallel import microbatch, planner, split
+from orchmllm.balancers.context_parallel.plan import split_times
+from orchmllm.balancers.context_parallel.split import allot, allowed_degrees
+from orchmllm.balancers.problem import make_problem
+
+COST = CostModel(linear=6e9, quadratic=4e5)
+
+
+@pytest.mark.parametrize("gpus, inter, seed", [(8, False, 3), (8, False, 4), (6, True, 5), (8, True, 6)])
+def test_laid_out_item_times_are_the_split_times(gpus, inter, seed):
+    """On nodes of 6 with groups across nodes allowed, a block of 4 may straddle two: there the table does not hold
+    its time (None, the search computes them), else its times are `split_times`' floats."""
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate((rng.integers(0, 4000, 400), rng.integers(40_000, 200_000, 10 + seed)))
+    degrees = (1, 2, 4, 8, 16) if inter else (1, 2, 4, 8)
+    spec = ContextParallel(degrees=degrees, gpus_per_node=gpus, allow_inter_node=inter)
+    problem = replace(make_problem(lengths, 48, cost=COST), max_tokens_per_rank=65_536)
+    allotment = allot(problem, spec, allowed_degrees(spec, 48, gpus), gpus, 65_536)
+    start, degree, item_time = planner.laid_out(problem, spec, gpus, allotment, allotment.bound())
+    assert np.array_equal(planner.split_layout(problem, spec, gpus, allotment, allotment.bound())[0], start)
+    if item_time is not None:
+        assert item_time.tobytes() == split_times(problem, spec, start, degree, gpus).tobytes()
+    else:
+        assert inter and gpus == 6
+
+
+def test_pass_allotment_and_bound_made_once_per_set(monkeypatch):
+    """A set's bound asked before its plan (a fill's deferral), and again: one `allot`, one bound, and the same plan
+    as a pass that makes its own."""
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(20_000, 130_000, 64)
+    spec = ContextParallel()
+    made, bounds = [], []
+    monkeypatch.setattr(split, "allot", lambda *args, **kwargs: made.append(1) or allot(*args, **kwargs))
+    bound = split.Allotment._bound
+    monkeypatch.setattr(split.Allotment, "_bound", lambda self: bounds.append(1) or bound(self))
+    plans = microbatch._PassPlans(lengths, 128, spec, COST, 32_768)
+    items = np.arange(40)
+    first = plans.bound(items)
+    plan = plans(items)
+    assert plans.bound(items) == first and plan is plans(items)
+    assert len(made) == 1 and len(bounds) == 1
+    alone = microbatch._plan_pass(lengths, items, 128, spec, COST, 32_768)
+    assert plan.assignment.tobytes() == alone.assignment.tobytes() and plan.degree.tobytes() == alone.degree.tobytes()
+    assert plan.loads.tobytes() == alone.loads.tobytes() and plan.lower_bound == alone.lower_bound
+
+
+def test_pass_without_allotment_is_none_unplanned():
+    """Items over the ranks' tokens: no allotment, no plan (as `balance_split` refused them), bound 0."""
+    spec, items = ContextParallel(degrees=(1, 2, 4), gpus_per_node=4), np.arange(8)
+    plans = microbatch._PassPlans(np.full(8, 30_000), 4, spec, COST, 32_768)
+    assert plans.certified_none(items) and plans(items) is None
+    plans = microbatch._PassPlans(np.full(8, 30_000), 4, spec, COST, 32_768)
+    assert plans.allotment(items) is None and plans.bound(items) == 0.0 and plans(items) is None
+
+
+def test_bound_kept_once_made_and_a_copy_starts_without():
+    spec = ContextParallel()
+    problem = make_problem(np.random.default_rng(2).integers(1000, 130_000, 200), 64, cost=COST)
+    allotment = allot(problem, spec, allowed_degrees(spec, 64, 8), 8, 32_768, one_pass=False)
+    assert allotment.bound() == allotment._bound() and allotment.found == [allotment.bound()]
+    copy = replace(allotment, times=allotment.times * 2)
+    assert copy.found == [] and copy.bound() != allotment.bound()
