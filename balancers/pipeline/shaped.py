@@ -48,11 +48,11 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     LPT over all M·D cells within the budget (`microbatch.cells.lpt_cells`), the D cells of slot k starting
     X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = `mean` = Σ c / D + M·o), replica r running cell
     k·D + r in slot k; None where LPT finds no room or the offsets overflow (`_layout`).  The placeholders cost
-    2·max c + the offsets rounded to 2**-30 of max c (to whole units below 2**30 where the costs are integers), so
-    integer costs stay on LPT's integer keys (`lpt`: loads below 2**53 units); there, and where the cells fit the
-    budget uncapped, the same LPT runs from the offsets as start loads (`lpt.greedy_from`), without the
-    placeholders, its exact sums the cells' costs.  The start loads are raised where items overflow a cell (`_starts`; `most`: where more
-    than D do, the D largest)."""
+    2·max c + the offsets rounded to 2**-30 of max c (to whole units below 2**30 where the costs are integers),
+    so integer costs stay on LPT's integer keys (`lpt`: loads below 2**53 units); there, and where the cells fit
+    the budget uncapped, the same LPT runs from the offsets as start loads (`lpt.greedy_from`), without the
+    placeholders, its exact sums the cells' costs.  The start loads are raised where items overflow a cell
+    (`_starts`; `most`: where more than D do, the D largest)."""
     m, d = num_microbatches, problem.num_ranks
     if (layout := _layout(problem, m, pipeline, mean)) is None:
         return None
