@@ -77,11 +77,11 @@ def _other_mode(flags: torch.Tensor, causal: bool, records: bool, exchange, grou
                 f"with causal={not causal}; every rank of a split item's group must pass the same `causal`")
     other = sorted(peer for peer, code in peers.items() if code >> 2 != records)
     mine, theirs = ("records", "do not") if records else ("does not record", "do")
-    return (f"{calling} {mine} its backward (grad enabled and keys or values that need grad) but ranks {other} of its "
-            f"split items' groups ({_partners(exchange)}) {theirs}: a recording rank's backward would send gradient "
-            f"rows that its peer never receives, misread as keys (or aborting the process) at its next call; run a "
-            f"group's attention in one grad mode on every rank (torch.no_grad or inference_mode alike, and inputs "
-            f"that need grad alike)")
+    return (f"{calling} {mine} its backward (grad enabled) but ranks {other} of its split items' groups "
+            f"({_partners(exchange)}) {theirs}: a recording rank's backward would send gradient rows that its peer "
+            f"never receives, misread as keys (or aborting the process) at its next call; run a group's attention in "
+            f"one grad mode on every rank (torch.no_grad or inference_mode alike; keys and values that need no grad "
+            f"beside a peer's that do are fine)")
 
 
 def _pads_more(mask, first) -> bool:

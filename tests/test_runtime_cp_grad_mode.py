@@ -45,6 +45,7 @@ def test_regression_a_rank_attending_in_another_grad_mode_than_its_peer_raises_o
         peer = 1 - rank
         for said in (steps[1][1],):
             assert f"on rank {rank} " in said and f"ranks [{peer}]" in said and "one grad mode" in said
+            assert "need grad alike" not in said  # probe59 M2: keys needing no grad beside a peer's are fine
         assert ("on rank 1 does not record" in steps[1][1]) == (rank == 1)
         for later in (steps[2], steps[4]):  # the same inputs as the first step: the same output and gradient
             assert torch.equal(later[1], steps[0][1]) and torch.equal(later[2], steps[0][2])
