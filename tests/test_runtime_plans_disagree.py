@@ -274,6 +274,7 @@ def test_regression_routes_of_steps_planned_apart_are_named_on_every_rank():
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         assert o.value[0] == "PlanMismatchError" and "the plan differs across ranks" in o.value[1], o.value
+        assert "the algorithm plans differently in each process" in o.value[1]  # probe59 M1: the other cause named
 
 
 def test_routes_refuse_what_is_not_a_step_and_a_negative_loss_token_count():
