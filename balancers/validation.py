@@ -114,7 +114,7 @@ def as_real(value, name: str, *, allow_zero: bool = True) -> float:
                          f"float64 ({type(value).__name__})") from None
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"`{name}` must be finite and {'>= 0' if allow_zero else '> 0'}; got {value}")
-    return value
+    return value + 0.0  # -0.0 as 0.0: ranks configured with either agree (probe59 M4)
 
 
 def as_array(values, name: str, what: str) -> np.ndarray:

@@ -777,3 +777,11 @@ def test_regression_a_step_ended_by_how_often_one_rank_listed_its_micro_batches(
         assert first == [(1, True), (1, True)] and second == [(2, False), (2, False)], (o.rank, first, second)
         for got in (got_first, got_second):
             assert torch.allclose(torch.tensor(got, dtype=torch.float64), want, rtol=1e-12, atol=1e-14), (o.rank, got)
+
+
+def test_regression_a_negative_zero_cost_coefficient_fingerprints_as_zero():
+    """probe59 M4: a rank configured with `CostModel(per_item=-0.0)` was refused beside one with 0.0 (the
+    fingerprint reads reprs), though both plan alike; real options now keep -0.0 as 0.0."""
+    assert repr(CostModel(per_item=-0.0, linear=-0.0, quadratic=1.0)) == repr(CostModel(quadratic=1.0, linear=0.0))
+    prints = [PostBalancingDispatcher(cost=cost).config_fingerprint for cost in (CostModel(per_item=-0.0), CostModel())]
+    assert prints[0] == prints[1]
