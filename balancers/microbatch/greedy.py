@@ -37,7 +37,7 @@ from .greedy_direct import take_empties, take_tops
 from .greedy_filled import take_runs
 from .greedy_rows import cut as _cut, first_above as _first_above, gathered as _gathered, tied as _tied
 from .greedy_scan import Cells, fresh_wins as _fresh_wins, scan_greedy as _scan_greedy  # noqa: F401 (Cells: the tests')
-from .greedy_sweep import climb, descend, merge
+from .greedy_sweep import CELLS, climb, descend, merge
 from .plan import MicroBatchProblem, MicroBatchResult
 from .search import improve
 
@@ -161,10 +161,11 @@ def _copied(state):
 class _Rows:
     """`_sorted_greedy`'s state: per micro-batch its cells with room for the item as sorted (load, cell) pairs (the
     excess rises with the load: the best fit is a binary search away, the least rise the first pair), those without
-    in a max-room heap; loads, tokens, levels, the cells taken, `fresh_won` and its `snapshot` (`_Run`)."""
+    in a max-room heap (keys (tokens - T) · CELLS + cell, `greedy_sweep.CELLS`); loads, tokens, levels, the cells
+    taken, `fresh_won` and its `snapshot` (`_Run`)."""
 
     def __init__(self, num_ranks: int, cap: int):
-        self.d, self.cap, self.fresh_won, self.snapshot = num_ranks, cap, False, None
+        self.d, self.cap, self.fresh_won, self.snapshot = num_ranks, int(cap), False, None
         self.rows, self.loads, self.tokens, self.level, self.waiting, self.chosen = [], [], [], [], [], []
 
     def grow(self, num_microbatches: int) -> "_Rows":
@@ -177,9 +178,9 @@ class _Rows:
     def release(self, length: int) -> None:
         """Back to their rows the waiting cells with room for `length` (a row's many at once: `merge`; the last runs
         at 2560 x 32 free hundreds of cells a run)."""
-        waiting, loads, d, rows, back = self.waiting, self.loads, self.d, self.rows, []
-        while waiting and -waiting[0][0] >= length:
-            cell = heapq.heappop(waiting)[1]
+        waiting, loads, d, rows, back, bar = self.waiting, self.loads, self.d, self.rows, [], (1 - length) * CELLS
+        while waiting and waiting[0] < bar:
+            cell = heapq.heappop(waiting) % CELLS
             back.append((loads[cell], cell))
         if len(back) < RELEASED:
             for pair in back:
@@ -211,7 +212,7 @@ class _Rows:
         if cap - tokens >= length:
             bisect.insort(row, (load, cell))
         else:
-            heapq.heappush(self.waiting, (tokens - cap, cell))
+            heapq.heappush(self.waiting, (tokens - cap) * CELLS + cell)
         self.chosen += [cell] * taken
         return taken
 
@@ -267,7 +268,7 @@ def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.
     at, empty = 0, True  # empty: the last run's last item took an empty cell (its load its cost), or none yet
     while at < len(firsts):
         cost, length = run_costs[at], run_lengths[at]
-        if waiting and -waiting[0][0] >= length:
+        if waiting and waiting[0] < (1 - length) * CELLS:  # a waiting cell has room for it
             state.release(length)
         taken = take_empties(state, cost_array, length_array, bounds, at) if empty and cost > 0.0 else 0
         if taken:  # runs to one micro-batch's empty cells, many at once
@@ -446,7 +447,8 @@ def _cells(chosen: list) -> np.ndarray:
     return np.fromiter(chosen, dtype=np.int64, count=len(chosen))
 
 def split(cell_of: np.ndarray, num_ranks: int) -> MicroBatchResult:
-    return MicroBatchResult(rank=cell_of % num_ranks, microbatch=cell_of // num_ranks)
+    microbatch, rank = np.divmod(cell_of, num_ranks)
+    return MicroBatchResult(rank=rank, microbatch=microbatch)
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:

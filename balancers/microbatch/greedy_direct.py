@@ -24,7 +24,7 @@ from operator import itemgetter
 import numpy as np
 
 from .greedy_rows import first_above
-from .greedy_sweep import merge
+from .greedy_sweep import CELLS, merge
 
 FEWEST = 4  # items a window takes at least (fewer: the search places them, as quick)
 
@@ -76,24 +76,24 @@ def take_empties(state, costs: np.ndarray, lengths: np.ndarray, bounds: np.ndarr
     if placed >= FEWEST:
         _fill(state, target, np.repeat(cost[:runs], count[:runs]), np.repeat(length[:runs], count[:runs]))
     end = int(length[runs - 1]) if placed >= FEWEST else math.inf
-    for key, cell in back:  # as the runs' `release`s: back to their rows, or still waiting
-        if -key >= end:
-            bisect.insort(rows[cell // state.d], (state.loads[cell], cell))
+    for key in back:  # as the runs' `release`s: back to their rows, or still waiting
+        if -(key // CELLS) >= end:
+            bisect.insort(rows[key % CELLS // state.d], (state.loads[key % CELLS], key % CELLS))
         else:
-            heapq.heappush(state.waiting, (key, cell))
+            heapq.heappush(state.waiting, key)
     return runs if placed >= FEWEST else 0
 
 
 def _back(state, cost: np.ndarray, length: np.ndarray, bar: np.ndarray, fits: np.ndarray) -> list:
     """The waiting cells that come back within the runs (room for the last one's length), off the heap; `fits` False
     from the first run for which one of them is a fit with an excess of at least `bar` (the empty cell's)."""
-    waiting, back = state.waiting, []
-    while waiting and -waiting[0][0] >= length[-1]:
+    waiting, back, limit = state.waiting, [], (1 - int(length[-1])) * CELLS  # keys below: room for length[-1]
+    while waiting and waiting[0] < limit:
         back.append(heapq.heappop(waiting))
     if back:
-        room = -np.array([key for key, _ in back])
-        loads = np.array([state.loads[cell] for _, cell in back])
-        tops = np.array([state.level[cell // state.d] for _, cell in back])
+        room = -np.array([key // CELLS for key in back])
+        loads = np.array([state.loads[key % CELLS] for key in back])
+        tops = np.array([state.level[key % CELLS // state.d] for key in back])
         # weighed run by run: those that fit the last (least) cost, and whose slack load - level is not below the
         # empty cell's, -level, by more than the rounding of the excesses could make up
         error = 2.0 ** -45 * (float(loads.max()) + float(cost[0]) + float(tops.max()) + (float(cost[0]) - bar[0]))
@@ -138,7 +138,7 @@ def _fill(state, m: int, item_costs: np.ndarray, item_lengths: np.ndarray) -> No
         if cap - length >= last:
             back.append((cost, cell))
         else:
-            heapq.heappush(waiting, (length - cap, cell))
+            heapq.heappush(waiting, (length - cap) * CELLS + cell)
     back.sort()
     merge(row, back)
 
@@ -180,5 +180,5 @@ def take_tops(state, cost: float, length: int, count: int) -> int:
         if cap - held >= length:
             row.append((total, cell))  # the fullest now
         else:
-            heapq.heappush(waiting, (held - cap, cell))
+            heapq.heappush(waiting, (held - cap) * CELLS + cell)
     return taken

@@ -22,8 +22,10 @@ from itertools import islice
 from operator import itemgetter, lt
 
 WHOLE = 8  # `_Group.take` takes whole loads at once where they hold this many cells
-_LOAD = itemgetter(0)  # a (load, cell) pair's load
+_LOAD, _CELL = itemgetter(0), itemgetter(1)  # a (load, cell) pair's load, its cell
 SPAN = 8  # `merge` sorts a span of the row up to this many pairs per pair it merges
+CELLS = 1 << 40  # a waiting cell's key in the heap: (tokens - T) · CELLS + cell, one int for its (tokens - T, cell)
+# (ints compare in the heap ~2.5x quicker than pairs; the heap took ~5 % of the greedy at 2560 x 32)
 
 
 def climb(state, m: int, cost: float, length: int, count: int) -> int:
@@ -145,7 +147,7 @@ class _Group:
             if cap - held >= length:
                 back.append((sum_, cell))
             else:
-                heapq.heappush(state.waiting, (held - cap, cell))
+                heapq.heappush(state.waiting, (held - cap) * CELLS + cell)
             done += 1
         self.cut, self.end, self.done, self.load, self.excess, self.tied = cut, end, done, load, excess, tied
         return taken
@@ -170,8 +172,8 @@ def _lift(state, m: int, row: list, taken: int, cost: float, length: int) -> Non
         if held <= room:
             back.append((sum_, cell))
         else:
-            heapq.heappush(state.waiting, (held - cap, cell))
-    state.chosen += [cell for _, cell in pairs]
+            heapq.heappush(state.waiting, (held - cap) * CELLS + cell)
+    state.chosen += map(_CELL, pairs)
     state.level[m] = max(state.level[m], pairs[-1][0] + cost)
     merge(row, back)
 
@@ -241,6 +243,6 @@ def _take_whole(state, row: list, start: int, end: int, top: float, cost: float,
         if held <= room:
             back.append((sum_, cell))
         else:
-            heapq.heappush(waiting, (held - cap, cell))
-    state.chosen += [cell for _, cell in (reversed(pairs) if in_order else sorted(pairs, key=_LOAD, reverse=True))]
+            heapq.heappush(waiting, (held - cap) * CELLS + cell)
+    state.chosen += map(_CELL, reversed(pairs) if in_order else sorted(pairs, key=_LOAD, reverse=True))
     return len(pairs)
