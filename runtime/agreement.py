@@ -135,14 +135,15 @@ def disagreement(values: Sequence, what: str, rank: int, show=str) -> str | None
 
 
 def option_table(options: Mapping[str, object]) -> dict[str, object]:
-    """Options by name as ranks fingerprint and compare them: canonical values, and a tuple of
-    dataclasses (the stages) one entry per field, so a mismatch names the field.
+    """Options by name as ranks fingerprint and compare them: canonical values, a tuple of dataclasses (the
+    stages) one entry per field, and a dataclass (a `ContextParallel`, a `Pipeline`, a `CostModel`) by its type
+    and one entry per field, so a mismatch names the field (probe59 M4: two reprs of ~400 characters were shown).
 
-    >>> from orchmllm.orchestrator.stages import Stage
-    >>> from orchmllm.balancers import CostModel
-    >>> table = option_table({"stages": (Stage("llm", "llm", CostModel()),), "budget": np.int64(16)})
-    >>> table["stages[0].algorithm"], table["budget"]
-    ('lpt', 16)
+    >>> from orchmllm.orchestrator.stages import Stage; from orchmllm.balancers import CostModel
+    >>> table = option_table({"stages": (Stage("llm", "llm", CostModel()),), "budget": np.int64(16),
+    ...                       "cost": CostModel(linear=2.0)})
+    >>> table["stages[0].algorithm"], table["budget"], table["cost"], table["cost.linear"]
+    ('lpt', 16, 'CostModel', 2)
     """
     table = {}
     for name, value in options.items():
@@ -150,23 +151,29 @@ def option_table(options: Mapping[str, object]) -> dict[str, object]:
             for index, item in enumerate(value):
                 table.update((f"{name}[{index}].{field.name}", canonical(getattr(item, field.name)))
                              for field in dataclasses.fields(item))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            table[name] = type(value).__name__
+            table.update((f"{name}.{field.name}", canonical(getattr(value, field.name)))
+                         for field in dataclasses.fields(value))
         else:
             table[name] = canonical(value)
     return table
 
 
 def options_that_differ(shown: Sequence[Mapping[str, str]]) -> str:
-    """The options whose shown values differ across ranks (one table per rank), with the ranks of each.
+    """The options whose shown values differ across ranks (one table per rank), with the ranks of each; a
+    dataclass's fields (`option_table`: `name.field`) only where its type is the same on every rank.
 
     >>> options_that_differ([{"algorithm": "'lpt'", "cap": "8"}, {"algorithm": "'kk'", "cap": "8"}])
     "`algorithm` (ranks [0]: 'lpt'; ranks [1]: 'kk')"
     """
     names = list(dict.fromkeys(name for table in shown for name in table))
-    differing = []
+    differing, named = [], set()
     for name in names:
         groups, _, detail = _groups([table.get(name, "(absent)") for table in shown], str)
-        if len(groups) > 1:
+        if len(groups) > 1 and name.split(".")[0] not in named:
             differing.append(f"`{name}` ({detail})")
+            named.add(name)
     return ", ".join(differing) or "none in their reprs (another orchmllm version on some ranks?)"
 
 

@@ -117,8 +117,7 @@ CONFIGS = {  # what rank 1 plans with instead (check_plan stays at its default, 
 }
 DIFFERING_OPTION = {  # how the error names it (it showed two hashes only)
     "algorithm": "`algorithm` (ranks [0, 2, 3]: 'lpt'; ranks [1]: 'identity')",
-    "cost model": "`cost` (ranks [0, 2, 3]: CostModel(per_item=0.0, linear=1.0, quadratic=0.0); ranks [1]: "
-                  "CostModel(per_item=0.0, linear=1.0, quadratic=1.0))",
+    "cost model": "`cost.quadratic` (ranks [0, 2, 3]: 0; ranks [1]: 1)",  # the field (probe59 M4: two reprs)
     "cap": "`max_tokens_per_rank` (ranks [0, 2, 3]: None; ranks [1]: 1000000)",
     "per-item keys": "`per_item_keys` (ranks [0, 2, 3]: ['id']; ranks [1]: [])",
     "check_plan": "`check_plan` (ranks [0, 2, 3]: False; ranks [1]: True)",
