@@ -48,10 +48,10 @@ def two_tiers(problem: Problem, spec: ContextParallel, gpus_per_node: int, times
     order = long[np.lexsort((long, -times(long, widest)))]
     below = spec.degrees[-2] if len(spec.degrees) > 1 else widest
     rows = times.row[order]
-    alone = np.where(times.shards[below][rows].max(axis=1) <= cap, below, widest)  # each item's degree when alone
-    shards = times.shards[widest][rows]
+    alone = np.where(times.most_fewest(rows, below)[0] <= cap, below, widest)  # each item's degree when alone
+    most, fewest = times.most_fewest(rows, widest)
     wide_time = times(order, widest)
-    wide = (wide_time.tolist(), shards, shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
+    wide = (wide_time.tolist(), times.shards[widest][rows], most.tolist(), fewest.tolist())
     alone_time = times.table[rows, np.where(alone == below, times.column[below], times.column[widest])]
     best = None
     for k in sorted(set(np.linspace(0, order.size, TIER_STEPS + 1).astype(np.int64).tolist())):

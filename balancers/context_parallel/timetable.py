@@ -36,7 +36,7 @@ class TimeTable:
         if self.table is None:
             self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
                                          (degrees <= gpus_per_node)[None, :])
-        lengths = problem.lengths[items]
+        self.lengths = lengths = problem.lengths[items]  # by row
         self.shards = _Lazy(lambda degree: shards_of(lengths, degree))  # degree -> (rows, degree) shard tokens
         self.needs = {c: {} for c in spec.degrees}  # degree -> row -> `shard`'s answer, once asked
         self.rows = _Rows(self.row)  # item -> row, for one item at a time
@@ -72,8 +72,16 @@ class TimeTable:
 
     def shards_of(self, items: np.ndarray, degree: int) -> list[tuple[list[int], int, int]]:
         """`shard` of each of `items` at `degree`, made for all at once."""
-        shards = self.shards[degree][self.row[items]]
-        return list(zip(shards.tolist(), shards.max(axis=1).tolist(), shards.min(axis=1).tolist()))
+        rows = self.row[items]
+        most, fewest = self.most_fewest(rows, degree)
+        return list(zip(self.shards[degree][rows].tolist(), most.tolist(), fewest.tolist()))
+
+    def most_fewest(self, rows: np.ndarray, degree: int) -> tuple[np.ndarray, np.ndarray]:
+        """The most and the fewest tokens of the shards at `degree` of the items at `rows`: ⌈l / degree⌉ and
+        ⌊l / degree⌋ of their lengths l, without their shards (the counts of a row of `shards` sum to l and differ by
+        at most one, `layout.shard_tokens`)."""
+        lengths = self.lengths[rows]
+        return -(-lengths // degree), lengths // degree
 
 
 class _Lazy(dict):
