@@ -468,10 +468,10 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
         layouts[key] = (blocks, unsplit, times.table[times.row[unsplit]].tobytes())
     if blocks is None:
         return None
-    start = np.full(degree.size, -1, dtype=np.int64)
-    degree = degree.copy()
+    start, degree = np.full(degree.size, -1, dtype=np.int64), degree.copy()
     items = np.fromiter(blocks.placed, dtype=np.int64, count=len(blocks.placed))
-    start[items], degree[items] = np.array(list(blocks.placed.values()), dtype=np.int64).reshape(-1, 2).T
+    pairs = np.fromiter(itertools.chain.from_iterable(blocks.placed.values()), dtype=np.int64, count=2 * items.size)
+    start[items], degree[items] = pairs.reshape(-1, 2).T  # each (start, degree): not an array of tuples (3x slower)
     return start, degree, blocks.overflow
 
 
