@@ -1,6 +1,6 @@
 """Work one split-planner pass shares instead of making again gives the same arrays (issues 24 / 26, speed only): the
-plan's item times read from the layout's table for the local search, and a micro-batch's allotment and bound made
-once for its bound and its plan."""
+plan's item times read from the layout's table for the local search, a micro-batch's allotment and bound made
+once for its bound and its plan, and the step's item times made once per item for every set's allotment and pieces."""
 
 from dataclasses import replace
 
@@ -9,8 +9,10 @@ import pytest
 
 from orchmllm import ContextParallel, CostModel
 from orchmllm.balancers.context_parallel import microbatch, planner, split
+from orchmllm.balancers.context_parallel.packing_bound import Pieces
 from orchmllm.balancers.context_parallel.plan import split_times
 from orchmllm.balancers.context_parallel.split import allot, allowed_degrees
+from orchmllm.balancers.context_parallel.step_times import StepTimes
 from orchmllm.balancers.problem import make_problem
 
 COST = CostModel(linear=6e9, quadratic=4e5)
@@ -71,3 +73,29 @@ def test_bound_kept_once_made_and_a_copy_starts_without():
     assert allotment.bound() == allotment._bound() and allotment.found == [allotment.bound()]
     copy = replace(allotment, times=allotment.times * 2)
     assert copy.found == [] and copy.bound() != allotment.bound()
+
+
+@pytest.mark.parametrize("spec", [ContextParallel(), ContextParallel(degrees=(1, 2, 4, 8, 16), allow_inter_node=True)])
+def test_step_rows_are_the_times_each_set_makes(spec):
+    """A micro-batch's allotment and packing pieces from the step's rows, made for other sets first, equal those
+    made from its own items (bit for bit)."""
+    lengths = np.random.default_rng(3).integers(0, 130_000, 600)
+    times = StepTimes(lengths, spec, COST)
+    times.rows(np.arange(0, 600, 3))
+    for items in (np.arange(100, 400), np.flatnonzero(lengths > 60_000), np.arange(599, -1, -7)):
+        read = split.pass_allotment(lengths[items], 512, spec, COST, 65_536, times.reader(items))
+        made = split.pass_allotment(lengths[items], 512, spec, COST, 65_536)
+        assert read.times.tobytes() == made.times.tobytes() and read.bound() == made.bound()
+        pieces = Pieces(lengths[items], 512, spec, COST, 65_536, times.rows(items))
+        assert pieces.times.tobytes() == Pieces(lengths[items], 512, spec, COST, 65_536).times.tobytes()
+
+
+def test_step_rows_with_a_float_error_are_made_by_the_set_as_before():
+    """Times whose intermediate products overflow (attention time inf, `test_planning_size_limits`): no row kept
+    (None), and the allotment refuses them as it did."""
+    cost, spec = CostModel.from_transformer(num_layers=32, hidden_size=4096), ContextParallel(seconds_per_cost=1e308)
+    lengths = np.array([200_000, 150_000, 3])
+    times = StepTimes(lengths, spec, cost)
+    assert times.rows(np.arange(3)) is None and not times.known.any()
+    with pytest.raises(ValueError, match="split times overflow float64"):
+        split.pass_allotment(lengths, 8, spec, cost, 50_000, times.reader(np.arange(3)))

@@ -71,6 +71,7 @@ from .repair import repaired_grouping
 from .spec import ContextParallel
 from .bound import Allotment
 from .split import balance_split, pass_allotment
+from .step_times import StepTimes
 from .microbatch_bound import split_bound
 from .packing_bound import Pieces, raised_floors
 
@@ -125,6 +126,7 @@ class _PassPlans:
 
     def __init__(self, lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int):
         self.lengths, self.context, self.plans, self.allotments = lengths, (num_ranks, spec, cost, budget), {}, {}
+        self.times = StepTimes(lengths, spec, cost)  # the items' times, shared by the sets' allotments and pieces
         self.certified: dict[bytes, bool] = {}  # `certified_none` of each set, judged once
         self.packed: dict[bytes, Pieces] = {}
 
@@ -155,11 +157,10 @@ class _PassPlans:
         return self.certified[key]
 
     def allotment(self, items: np.ndarray) -> Allotment | None:
-        """`pass_allotment` of `items`, made once per set: for its plan and its bound (the fills' deferrals ask
-        for the bounds of sets planned before or after: zeros_giants, D = 512 x 16, seed 11: 31 of 35)."""
+        """`pass_allotment` of `items`, made once per set for its plan and bound (zeros_giants: 31 sets of 35)."""
         key = self.key(items)
         if key not in self.allotments:
-            self.allotments[key] = pass_allotment(self.lengths[items], *self.context)
+            self.allotments[key] = pass_allotment(self.lengths[items], *self.context, self.times.reader(items))
         return self.allotments[key]
 
     def bound(self, items: np.ndarray) -> float:
@@ -172,7 +173,7 @@ class _PassPlans:
         """`items` in one micro-batch for the packing bound (`packing_bound.py`), made once per `key`."""
         key = self.key(items)
         if key not in self.packed:
-            self.packed[key] = Pieces(self.lengths[items], *self.context)
+            self.packed[key] = Pieces(self.lengths[items], *self.context, self.times.rows(items))
         return self.packed[key]
 
     def floor(self, items: np.ndarray) -> float:

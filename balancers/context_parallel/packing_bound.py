@@ -53,11 +53,14 @@ class Pieces:
     """One micro-batch's items at every degree of the spec: best-case times, smaller shards and token fit, found
     once; `exceeds(level)` asks the bound at a time level (see the module)."""
 
-    def __init__(self, lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int):
+    def __init__(self, lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int,
+                 times: np.ndarray | None = None):
+        """`times`: the items' times at every degree, where the caller made them (`step_times.StepTimes`)."""
         degrees = np.array(spec.degrees, dtype=np.int64)
         grid = (lengths.size, degrees.size)
         length, degree = np.broadcast_to(lengths[:, None], grid), np.broadcast_to(degrees, grid)
-        self.times = spec.item_times(cost, length, degree, np.broadcast_to(degrees <= spec.gpus_per_node, grid))
+        self.times = spec.item_times(cost, length, degree, np.broadcast_to(degrees <= spec.gpus_per_node, grid)) \
+            if times is None else times
         self.shards, self.lengths, self.degrees = length // degree, lengths, degrees
         self.fits = -(-length // degree) <= budget
         self.order = np.argsort(np.where(self.fits, self.times, np.inf), axis=0, kind="stable")  # by time, per degree

@@ -73,11 +73,12 @@ def _misfit(degree: int, num_ranks: int, gpus_per_node: int, allow_inter_node: b
 
 
 def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per_node: int, cap: int | None,
-          one_pass: bool = True) -> Allotment:
+          one_pass: bool = True, rows=None) -> Allotment:
     """The bound's input: every item that may split (longer than Σ f / D, or over the budget
     unsplit, or all when degree 1 is not allowed) with its best-case time at every degree.
     `cap` limits a rank's tokens in one pass (`one_pass`: the whole step, so the items' total
-    must fit D · cap; else a micro-batch's, which only limits each shard)."""
+    must fit D · cap; else a micro-batch's, which only limits each shard).  `rows(items)`: those times where the
+    caller made them already (`step_times.StepTimes`: `spec.degrees`; None where they raise a float error)."""
     lengths, costs, d = problem.lengths, problem.item_costs, problem.num_ranks
     if one_pass and cap is not None and (total := int(lengths.sum())) > cap * d:
         needed = -(-total // d)
@@ -89,10 +90,11 @@ def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per
     if degrees[0] > 1:
         may_split[:] = True
     candidates = np.flatnonzero(may_split)
+    times = None if rows is None else rows(candidates)
     try:  # an intermediate overflow (seconds_per_cost · q · l², ...) too: the planner recomputes these times
         with np.errstate(over="raise", invalid="raise"):
             times = spec.item_times(problem.cost, lengths[candidates][:, None], degrees[None, :],
-                                    (degrees <= gpus_per_node)[None, :])
+                                    (degrees <= gpus_per_node)[None, :]) if times is None else times
     except FloatingPointError:
         times = np.full(1, np.inf)
     # the planner sums the work c · t(c) of up to every item on a rank, as ranks' costs (`check_cost_range`)
@@ -183,13 +185,14 @@ def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_
     return plan_split(capped, spec, allotment, lambda: _plain(capped, record, algorithm))
 
 
-def pass_allotment(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int) -> Allotment | None:
+def pass_allotment(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int,
+                   rows=None) -> Allotment | None:
     """`allot` of a micro-batch's items (int64 `lengths`, `spec` on its topology) within `budget` tokens a rank, as
-    `balance_split` makes it; None where it raises InfeasibleError (their tokens exceed the ranks', or an item fits
-    no degree)."""
+    `balance_split` makes it (`rows`: `allot`'s); None where it raises InfeasibleError (their tokens exceed the
+    ranks', or an item fits no degree)."""
     try:
         return allot(make_problem(lengths, num_ranks, cost=cost), spec,
-                     allowed_degrees(spec, num_ranks, spec.gpus_per_node), spec.gpus_per_node, budget)
+                     allowed_degrees(spec, num_ranks, spec.gpus_per_node), spec.gpus_per_node, budget, rows=rows)
     except InfeasibleError:
         return None
 
