@@ -24,8 +24,9 @@ from operator import itemgetter, lt
 WHOLE = 8  # `_Group.take` takes whole loads at once where they hold this many cells
 _LOAD, _CELL = itemgetter(0), itemgetter(1)  # a (load, cell) pair's load, its cell
 SPAN = 8  # `merge` sorts a span of the row up to this many pairs per pair it merges
-CELLS = 1 << 40  # a waiting cell's key in the heap: (tokens - T) · CELLS + cell, one int for its (tokens - T, cell)
-# (ints compare in the heap ~2.5x quicker than pairs; the heap took ~5 % of the greedy at 2560 x 32)
+CELLS = 1 << 40  # a waiting cell's key in the heap: (tokens - T) · CELLS + cell (cells number fewer), one int for the
+# pair (tokens - T, cell), which heapq compares quicker (~17k pushes and pops a plan at 2560 x 32; 1.2 % fewer
+# instructions in all)
 
 
 def climb(state, m: int, cost: float, length: int, count: int) -> int:
