@@ -99,3 +99,17 @@ def test_step_rows_with_a_float_error_are_made_by_the_set_as_before():
     assert times.rows(np.arange(3)) is None and not times.known.any()
     with pytest.raises(ValueError, match="split times overflow float64"):
         split.pass_allotment(lengths, 8, spec, cost, 50_000, times.reader(np.arange(3)))
+
+
+def test_times_inside_and_across_in_one_call_are_the_two_calls():
+    """`search._stuck` asks for a rank's items' times inside a node and across in one `item_times` call (stacked):
+    the same floats as one call each."""
+    spec, degrees = ContextParallel(degrees=(1, 2, 4, 8, 16), allow_inter_node=True), np.array([1, 2, 4, 8, 16])
+    lengths = np.random.default_rng(4).integers(0, 300_000, 50)
+    shape = (lengths.size, degrees.size)
+    both = spec.item_times(COST, np.broadcast_to(lengths[:, None], (2, *shape)), np.broadcast_to(degrees, (2, *shape)),
+                           np.broadcast_to(np.array([True, False])[:, None, None], (2, *shape)))
+    for index, inside in enumerate((True, False)):
+        one = spec.item_times(COST, np.broadcast_to(lengths[:, None], shape), np.broadcast_to(degrees, shape),
+                              np.full(shape, inside))
+        assert both[index].tobytes() == one.tobytes()

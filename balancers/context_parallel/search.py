@@ -343,9 +343,10 @@ def _stuck(problem: Problem, spec: ContextParallel, start: np.ndarray, degree: n
     on = np.flatnonzero((start <= rank) & (rank < start + degree) & ((degree > 1) | (times > 0)))
     degrees = np.array(spec.degrees, dtype=np.int64)
     shape = (on.size, degrees.size)
-    lengths = np.broadcast_to(problem.lengths[on][:, None], shape)
-    least = np.minimum(*(spec.item_times(problem.cost, lengths, np.broadcast_to(degrees, shape), np.full(shape, inside))
-                         for inside in (True, False)))
+    both = (2, *shape)  # inside a node, then across: one call (its cost is mostly per call, on a rank's few items)
+    least = np.minimum(*spec.item_times(problem.cost, np.broadcast_to(problem.lengths[on][:, None], both),
+                                        np.broadcast_to(degrees, both),
+                                        np.broadcast_to(np.array([True, False])[:, None, None], both)))
     floor = np.full(shape, float(loads.min()))
     floor[np.ix_(degree[on] > 1, degrees == 1)] = math.inf  # a split item moves to a block of a split degree
     alone = on[degree[on] > 1] if np.count_nonzero(degree[on] > 1) == 1 else on[:0]
