@@ -27,7 +27,7 @@ def _lengths(seed: int, num_ranks: int) -> np.ndarray:
 
 
 def _every_item_laid_out(lengths, num_ranks, cap, cost, monkeypatch, riders: bool):
-    """`layout` of every item (as `split_layout` after a deal found no token room), and the items placed one by
+    """`layout` of every item (as `planner.laid_out` after a deal found no token room), and the items placed one by
     one; without `riders`, every empty item placed as any other (the layout before `_free_riders`)."""
     problem = replace(make_problem(lengths, num_ranks, cost=cost), max_tokens_per_rank=cap)
     spec = ContextParallel(gpus_per_node=GPUS)

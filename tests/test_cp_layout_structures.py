@@ -149,7 +149,7 @@ def test_regression_an_overflow_searched_where_one_degrees_least_loaded_candidat
 @settings(max_examples=40, deadline=None)
 @given(case=giant_mixes())
 def test_place_groups_going_on_from_a_kept_layout_equals_laying_out_afresh(case):
-    """`split_layout` lays out the long items, then (where the deal found no token room) every item; the second
+    """`planner.laid_out` lays out the long items, then (where the deal found no token room) every item; the second
     call goes on from the first's layout kept in `layouts`, placing only the items not laid out yet."""
     problem, spec, times, degree, long, target = layout_inputs(*case)
     every = np.arange(problem.num_items)
@@ -378,7 +378,7 @@ def test_search_from_split_layouts_keeps_the_accounts_exact(case):
     allotment = allot(problem, spec, allowed_degrees(spec, num_ranks, GPUS), GPUS, cap)
     bound = allotment.bound()
     try:
-        start, degree = planner.split_layout(problem, spec, GPUS, allotment, bound)
+        start, degree = planner.laid_out(problem, spec, GPUS, allotment, bound)[:2]
     except InfeasibleError:
         return
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -421,7 +421,7 @@ def test_unsplit_moves_at_once_are_the_item_by_item_ones(case, chunk):
     spec = ContextParallel(gpus_per_node=GPUS)
     allotment = allot(problem, spec, allowed_degrees(spec, num_ranks, GPUS), GPUS, cap)
     try:
-        start, degree = planner.split_layout(problem, spec, GPUS, allotment, allotment.bound())
+        start, degree = planner.laid_out(problem, spec, GPUS, allotment, allotment.bound())[:2]
     except InfeasibleError:
         return
     with pytest.MonkeyPatch.context() as monkeypatch:

@@ -29,7 +29,6 @@ def test_laid_out_item_times_are_the_split_times(gpus, inter, seed):
     problem = replace(make_problem(lengths, 48, cost=COST), max_tokens_per_rank=65_536)
     allotment = allot(problem, spec, allowed_degrees(spec, 48, gpus), gpus, 65_536)
     start, degree, item_time = planner.laid_out(problem, spec, gpus, allotment, allotment.bound())
-    assert np.array_equal(planner.split_layout(problem, spec, gpus, allotment, allotment.bound())[0], start)
     if item_time is not None:
         assert item_time.tobytes() == split_times(problem, spec, start, degree, gpus).tobytes()
     else:

@@ -443,7 +443,7 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     longest time first; a degree-1 block is one rank.  `layouts` keeps each call's layout (None where it
     found no token room) per target, degrees and split items' times, with the unsplit items it laid out:
     a later call whose unsplit items start with those, in order and with the same times, goes on from it
-    (it would lay them out the same way; `split_layout` lays out the long items, then all items).
+    (it would lay them out the same way; `planner.laid_out` lays out the long items, then all items).
     """
     split = np.flatnonzero(degree > 1)
     unsplit = _by_time(long[degree[long] == 1], 1, times) if spec.degrees[0] == 1 else long[:0]

@@ -206,12 +206,6 @@ def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) ->
     return start
 
 
-def split_layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment,
-                 bound: float) -> tuple[np.ndarray, np.ndarray]:
-    """(block starts, degrees) of every item (`laid_out`)."""
-    return laid_out(problem, spec, gpus_per_node, allotment, bound)[:2]
-
-
 def laid_out(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment,
              bound: float) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(block starts, degrees) of every item: the long ones laid out, the rest dealt; where the
