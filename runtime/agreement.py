@@ -479,7 +479,7 @@ class SchemaGuard:
             raise PlanMismatchError(f"{plans}; pass every exchange the plan of this step (and of this micro-batch): "
                                     f"a rank kept another step's plan or routes, or built its own, or the algorithm "
                                     f"plans differently in each process (a plugin whose plan depends on the process; "
-                                    f"a dispatcher's check_plan=True compares the plans where they are made)")
+                                    f"the runtime's check_plan=True compares the plans where they are made)")
         mine = (f"invalid input: {problem}", type(problem)) if problem is not None else (describe(schema), None)
         shown = [None] * group_size(group)
         with collective(f"{self.what} schema all-gather", group):
