@@ -23,14 +23,15 @@ def test_subnormal_costs_plan_without_warnings(schedule):
     check_microbatch_plan(plan, lengths, 2, 400, costs=[5e-324] * len(lengths))
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
-def test_regression_costs_far_below_the_overhead_plan_without_a_numpy_error(schedule):
+@pytest.mark.parametrize("schedule, m", [("1f1b", 4), ("interleaved", 8)])
+def test_regression_costs_far_below_the_overhead_plan_without_a_numpy_error(schedule, m):
     """probe59 P1: costs 1e-300 beside an overhead of 1 made the shaped start's offsets / unit inf, NaN slot counts
-    in the LPT runs and numpy's "negative dimensions are not allowed"; that start is now not made."""
+    in the LPT runs and numpy's "negative dimensions are not allowed" (interleaved at M 8: an overflow warning); that
+    start is now not made."""
     lengths = [1] * 30 + [5]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plan = balance_microbatches(lengths, 2, costs=[1e-300] * 31, max_tokens_per_microbatch=5, num_microbatches=4,
+        plan = balance_microbatches(lengths, 2, costs=[1e-300] * 31, max_tokens_per_microbatch=5, num_microbatches=m,
                                     microbatch_overhead=1.0, pipeline=Pipeline(
                                         stages=4, schedule=schedule, virtual_stages=1 if schedule == "1f1b" else 2))
     check_microbatch_plan(plan, lengths, 2, 5, costs=[1e-300] * 31)
