@@ -62,12 +62,12 @@ class TimeTable:
         return np.where(split, self.table[self.row[items], np.searchsorted(self.degrees, degree)], self.costs[items])
 
     def shard(self, item: int, degree: int) -> tuple[list[int], int, int]:
-        """Tokens of each of the item's shards at `degree`, and the most and the fewest of them."""
+        """Tokens of each of the item's shards at `degree`, and the most and the fewest of them (`most_fewest`)."""
         row, needs = self.rows[item], self.needs[degree]
         need = needs.get(row)
         if need is None:
-            shards = self.shards[degree][row].tolist()
-            need = needs[row] = (shards, max(shards), min(shards))
+            length = int(self.lengths[row])
+            need = needs[row] = (self.shards[degree][row].tolist(), -(-length // degree), length // degree)
         return need
 
     def shards_of(self, items: np.ndarray, degree: int) -> list[tuple[list[int], int, int]]:
