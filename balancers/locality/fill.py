@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .deal import keep_home, take_anywhere, take_in_node
+from .deal import keep_home, selection, take_anywhere, take_in_node
 from .partial_plan import PartialPlan
 from .repair import repair
 
@@ -67,17 +67,23 @@ def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, g
     room for an item, or past `max_lpt_rounds` LPT rounds of one `take_anywhere` (token room
     binds).  With a cap, items longer than cap / TIERS[0], then cap / TIERS[1], ... are dealt
     first, tier by tier."""
-    filler = np.zeros(state.costs.size, dtype=bool)
-    filler[filler_items(state, share)] = True
-    if state.cap < np.inf:
-        tier = length_tiers(state, TIERS)
-        tiers = [np.flatnonzero((tier == k) & ~filler) for k in range(len(TIERS) + 1)]
-    else:  # one tier: every item but the filler
-        tiers = [np.flatnonzero(~filler)]
+    filler_at = filler_items(state, share)
+    dealt = state.costs.size - filler_at.size
+    if state.uniform and state.cap == np.inf:  # one tier, and the cost order is the index order: the filler is a tail
+        tiers, filler_at = [np.arange(dealt)], np.arange(dealt, state.costs.size)
+    else:
+        filler = np.zeros(state.costs.size, dtype=bool)
+        filler[filler_at] = True
+        if state.cap < np.inf:
+            tier = length_tiers(state, TIERS)
+            tiers = [np.flatnonzero((tier == k) & ~filler) for k in range(len(TIERS) + 1)]
+        else:  # one tier: every item but the filler
+            tiers = [np.flatnonzero(~filler)]
+        filler_at = np.flatnonzero(filler)
     for items in tiers:
         keep_home(state, home, items)
-        take_anywhere(state, take_in_node(state, home, gpus_per_node, items[state.destinations[items] < 0]),
-                      max_lpt_rounds)
-    take_anywhere(state, np.flatnonzero(filler), max_lpt_rounds)
+        unplaced = items[state.destinations[selection(items)] < 0]  # a view where the tier is one run (no gather)
+        take_anywhere(state, take_in_node(state, home, gpus_per_node, unplaced), max_lpt_rounds)
+    take_anywhere(state, filler_at, max_lpt_rounds)
     if state.loads.max() > state.target:
         repair(state, home, item_bytes, gpus_per_node)
