@@ -127,16 +127,13 @@ def canonical_ranks(sources: np.ndarray, num_ranks: int, gpus_per_node: int) -> 
     True
     """
     ranks = np.arange(num_ranks)
-    if sources.size and bool(np.all(sources[1:] >= sources[:-1])):  # sorted (the sampled layout): 5x faster
-        first = np.searchsorted(sources, ranks)
-        first[sources[np.minimum(first, sources.size - 1)] != ranks] = sources.size  # ranks that hold none
-    else:  # a rank's first item starts a run of equal sources (a sample's segments share theirs): runs only
-        starts = np.flatnonzero(sources[1:] != sources[:-1])
-        starts += 1
-        first = np.full(num_ranks, sources.size, dtype=np.int64)
-        if sources.size:
-            first[sources[0]] = 0
-        np.minimum.at(first, sources[starts], starts)
+    # A rank's first item starts a run of equal sources (a sample's segments share theirs): one pass, then runs only.
+    starts = np.flatnonzero(sources[1:] != sources[:-1])
+    starts += 1
+    first = np.full(num_ranks, sources.size, dtype=np.int64)
+    if sources.size:
+        first[sources[0]] = 0
+    np.minimum.at(first, sources[starts], starts)
     by_node = first.reshape(-1, gpus_per_node)
     nodes = np.argsort(by_node.min(axis=1), kind="stable")
     order = (nodes[:, None] * gpus_per_node + np.argsort(by_node[nodes], axis=1, kind="stable")).ravel()
@@ -249,12 +246,14 @@ def _labelling_may_beat(candidate: np.ndarray, group_of_item: np.ndarray, origin
     node_bytes, rank_bytes = moved(candidate, origins)
     widths = ((gpus_per_node, node_bytes), (1, rank_bytes)) if gpus_per_node > 1 else ((1, rank_bytes),)
     for width, moved_here in widths:
-        places, num_places = (sources, num_ranks) if width == 1 else (node_of(sources, width), num_ranks // width)
+        num_places = num_ranks // width
         merged = -(-num_places // max(1, CHEAP_CELLS // num_ranks))
         sample = slice(None, None, CHEAP_STRIDE)
-        if _fewest_moved(group_of_item[sample], places[sample] // merged, item_bytes[sample], num_ranks,
+        sampled = sources[sample] if width == 1 else node_of(sources[sample], width)  # only the sample's places
+        if _fewest_moved(group_of_item[sample], sampled // merged, item_bytes[sample], num_ranks,
                          -(-num_places // merged)) > moved_here:
             return False
+        places = sources if width == 1 else node_of(sources, width)
         least = _fewest_moved(group_of_item, places, item_bytes, num_ranks, num_places)
         if least != moved_here:
             return least < moved_here
